@@ -1,0 +1,10 @@
+// XLA FFI handler symbols exported by the extension; csrc/module.cc hands them to
+// Python as capsules for jax.ffi.register_ffi_target.
+#pragma once
+#include "xla/ffi/api/ffi.h"
+
+// kosmos_copy: y = x, byte for byte (the FFI chain's smoke test).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cpu);
+#ifdef KOSMOS_WITH_CUDA
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cuda);
+#endif

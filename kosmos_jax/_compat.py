@@ -1,0 +1,42 @@
+"""Every JAX-version shim, in one place (jax>=0.10.2 on CPU CI, 0.11.x on the GPU host)."""
+from __future__ import annotations
+
+import jax
+
+shard_map = jax.shard_map
+
+
+def axis_size(axis_name) -> int:
+  """Size of a bound mesh axis (or product over a tuple of axes); NameError if unbound."""
+  return jax.lax.axis_size(axis_name)
+
+
+def vma(x) -> frozenset:
+  """Mesh axes over which `x` varies inside shard_map (empty outside or when unchecked)."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)  # jax 0.10: ManualAxisType.varying
+  if mat is not None:
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", None) or ())  # older spelling
+
+
+def reduce_to_vma(ct, target: frozenset):
+  """Sum a cotangent over the mesh axes it varies in but its primal did not.
+
+  A parameter replicated over `dp` but used with `dp`-sharded activations gets a
+  per-device partial gradient; shard_map's typing (check_vma) requires the
+  custom_vjp rule to return the summed, invariant value.
+  """
+  extra = tuple(sorted(vma(ct) - frozenset(target)))
+  return jax.lax.psum(ct, extra) if extra else ct
+
+
+def pvary_to(x, target: frozenset):
+  """Mark `x` as varying over `target` axes it does not yet vary in (no data movement)."""
+  missing = tuple(sorted(frozenset(target) - vma(x)))
+  if not missing:
+    return x
+  pvary = getattr(jax.lax, "pcast", None)
+  if pvary is not None:
+    return pvary(x, missing, to="varying")
+  return jax.lax.pvary(x, missing)

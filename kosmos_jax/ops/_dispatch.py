@@ -1,0 +1,58 @@
+"""Chooses, per op call, between the fused FFI kernel and the pure-JAX reference twin.
+
+`KOSMOS_IMPL=auto|reference|fused` sets the default; every op also takes `impl=`
+to override it for one call, so a fused op can be checked against its twin in one
+program. A fused kernel is known to this module only once it is registered here
+by the code that wraps its FFI target; until then `fused` raises.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from kosmos_jax import _ext
+
+IMPLS = ("auto", "reference", "fused")
+
+# op name -> callable with the op's signature that issues the fused FFI call.
+_FUSED: dict[str, Callable] = {}
+
+
+def register_fused(op: str, fn: Callable) -> None:
+  _FUSED[op] = fn
+
+
+def default_impl() -> str:
+  impl = os.environ.get("KOSMOS_IMPL", "auto").strip().lower() or "auto"
+  if impl not in IMPLS:
+    raise ValueError(f"KOSMOS_IMPL={impl!r} must be one of {IMPLS}")
+  return impl
+
+
+def fused_status(op: str):
+  """(True, '') when `op` can run fused here, else (False, why not)."""
+  if op not in _FUSED:
+    return False, f"no fused kernel for {op!r} is implemented yet (only the reference twin exists)"
+  state = _ext.available()
+  if not state:
+    return False, state.reason
+  return True, ""
+
+
+def choose(op: str, impl: str | None) -> str:
+  """Resolve `impl` (None = KOSMOS_IMPL) to 'reference' or 'fused' for `op`."""
+  impl = default_impl() if impl is None else impl
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+  if impl == "reference":
+    return "reference"
+  ok, why = fused_status(op)
+  if impl == "fused" and not ok:
+    raise NotImplementedError(
+        f"kosmos op {op!r} was asked to run fused (impl='fused' or KOSMOS_IMPL=fused), "
+        f"but it cannot: {why}. Use impl='reference' or KOSMOS_IMPL=auto.")
+  return "fused" if ok else "reference"
+
+
+def fused(op: str) -> Callable:
+  return _FUSED[op]

@@ -1,0 +1,108 @@
+"""Per-device TP+SP collective-GEMM ops (paper Table B.2), called inside shard_map.
+
+Each op validates its operands (errors name the values, raised before lowering),
+then runs the fused FFI kernel or its reference twin (`kosmos_jax.reference`), as
+`impl` / KOSMOS_IMPL decide. Shapes (per device; tp = size of `axis_name`; the
+gathered/scattered axis is the sequence axis -2; leading batch dims allowed):
+
+  op          collective   GEMM  inputs                                 outputs
+  ag_tn       AG x         TN    x [..,m/tp,k], w [k,n]                 y [..,m,n]
+  tn_rs       RS y         TN    x [..,m,k], w [k,n]                    y [..,m/tp,n]
+  ag_nn       AG dy        NN    dy [..,m/tp,n], w [k,n]                dx [..,m,k] (+ AG(dy))
+  bulk_ag_nn  AG x  ||     NN    x [..,m/tp,k], dy [..,m,n], w [k,n]    AG(x), dy@w.T
+  bulk_rs_nt  RS dx ||     NT    dxp [..,m,k], xg [..,m,k], dy [..,m,n] RS(dxp), xg.T@dy
+
+`cu_cap` limits the fused kernel's grid to that many SMs (paper §3.1.2); the
+reference path accepts and ignores it.
+"""
+from __future__ import annotations
+
+from kosmos_jax import reference
+from kosmos_jax.ops import _checks as chk
+from kosmos_jax.ops._dispatch import choose, fused
+
+
+def _cap(op: str, cu_cap):
+  if cu_cap is not None and (not isinstance(cu_cap, int) or cu_cap < 1):
+    raise ValueError(f"{op}: cu_cap={cu_cap!r} must be a positive int or None")
+
+
+def _run(op: str, impl, args: tuple, kwargs: dict):
+  if choose(op, impl) == "fused":
+    return fused(op)(*args, **kwargs)
+  kwargs = {k: v for k, v in kwargs.items() if k != "cu_cap"}
+  return getattr(reference, op)(*args, **kwargs)
+
+
+def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None):
+  """Y = all_gather_rows(x) @ w: the column-parallel forward."""
+  op = "ag_tn"
+  chk.axis_size(op, axis_name)
+  chk.dtypes(op, x=x, w=w)
+  chk.ndim_at_least(op, "x", x, 2)
+  chk.rank2(op, "w", w)
+  chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
+  _cap(op, cu_cap)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+
+
+def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None):
+  """Y = reduce_scatter_rows(x @ w), summed in fp32: the row-parallel forward."""
+  op = "tn_rs"
+  tp = chk.axis_size(op, axis_name)
+  chk.dtypes(op, x=x, w=w)
+  chk.ndim_at_least(op, "x", x, 2)
+  chk.rank2(op, "w", w)
+  chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
+  chk.divisible(op, "m", x.shape[-2], "tp", tp)
+  _cap(op, cu_cap)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+
+
+def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None):
+  """dX = all_gather_rows(dy) @ w.T: the row-parallel data gradient; with
+  `return_gathered` also returns the gathered dy for the weight gradient."""
+  op = "ag_nn"
+  chk.axis_size(op, axis_name)
+  chk.dtypes(op, dy=dy, w=w)
+  chk.ndim_at_least(op, "dy", dy, 2)
+  chk.rank2(op, "w", w)
+  chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
+  _cap(op, cu_cap)
+  return _run(op, impl, (dy, w),
+              dict(axis_name=axis_name, return_gathered=bool(return_gathered), cu_cap=cu_cap))
+
+
+def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None):
+  """(all_gather_rows(x), dy @ w.T): the column-parallel data gradient beside the
+  gather of the saved input that the weight gradient needs."""
+  op = "bulk_ag_nn"
+  tp = chk.axis_size(op, axis_name)
+  chk.dtypes(op, x=x, dy=dy, w=w)
+  chk.ndim_at_least(op, "x", x, 2)
+  chk.ndim_at_least(op, "dy", dy, 2)
+  chk.rank2(op, "w", w)
+  chk.same_leading(op, x=x, dy=dy)
+  chk.equal(op, "input widths", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
+  chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
+  chk.equal(op, "gathered rows", **{"x.shape[-2]*tp": x.shape[-2] * tp, "dy.shape[-2]": dy.shape[-2]})
+  _cap(op, cu_cap)
+  return _run(op, impl, (x, dy, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+
+
+def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None):
+  """(reduce_scatter_rows(dx_partial), x_gathered.T @ dy): the column-parallel
+  weight gradient beside the reduce-scatter of the data gradient."""
+  op = "bulk_rs_nt"
+  tp = chk.axis_size(op, axis_name)
+  chk.dtypes(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
+  for name, a in (("dx_partial", dx_partial), ("x_gathered", x_gathered), ("dy", dy)):
+    chk.ndim_at_least(op, name, a, 2)
+  chk.same_leading(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
+  chk.equal(op, "rows", **{"dx_partial.shape[-2]": dx_partial.shape[-2],
+                           "x_gathered.shape[-2]": x_gathered.shape[-2], "dy.shape[-2]": dy.shape[-2]})
+  chk.equal(op, "input widths", **{"dx_partial.shape[-1]": dx_partial.shape[-1],
+                                   "x_gathered.shape[-1]": x_gathered.shape[-1]})
+  chk.divisible(op, "m", dx_partial.shape[-2], "tp", tp)
+  _cap(op, cu_cap)
+  return _run(op, impl, (dx_partial, x_gathered, dy), dict(axis_name=axis_name, cu_cap=cu_cap))
