@@ -40,3 +40,20 @@ def pvary_to(x, target: frozenset):
   if pvary is not None:
     return pvary(x, missing, to="varying")
   return jax.lax.pvary(x, missing)
+
+
+def _is_explicit(mesh) -> bool:
+  types = getattr(mesh, "axis_types", None) or ()
+  return any("Explicit" in str(t) for t in types)
+
+
+def constrain(x, mesh, spec):
+  """Give a global array the sharding `spec` on `mesh` before a shard_map.
+
+  Explicit-axis meshes (jax.make_mesh's default since 0.7) require shard_map inputs
+  to carry their in_specs already, so reshard; Auto meshes take a constraint.
+  """
+  sharding = jax.sharding.NamedSharding(mesh, spec)
+  if _is_explicit(mesh):
+    return jax.sharding.reshard(x, sharding)
+  return jax.lax.with_sharding_constraint(x, sharding)

@@ -93,3 +93,22 @@ def row_parallel_linear(x, w, axis_name, *, impl=None):
     [..., m // tp, n]: this rank's sequence shard of the summed output.
   """
   return _row(x, w, axis_name, impl)
+
+
+def parallel_swiglu_mlp(x, w_gate_up, w_down, axis_name, *, impl=None):
+  """SwiGLU MLP as a TP+SP column/row pair: down(silu(gate(x)) * up(x)).
+
+  Args:
+    x: [..., m_local, h], this rank's sequence shard.
+    w_gate_up: [h, 2, i_local], gate and up columns of this rank side by side, so
+      one column-parallel GEMM (one all-gather) serves both.
+    w_down: [i_local, h], this rank's rows of the down projection.
+  Returns:
+    [..., m_local, h], this rank's sequence shard.
+  """
+  h, two, i_local = w_gate_up.shape
+  if two != 2:
+    raise ValueError(f"w_gate_up.shape={tuple(w_gate_up.shape)} must be [hidden, 2, i_local]")
+  gu = column_parallel_linear(x, w_gate_up.reshape(h, 2 * i_local), axis_name, impl=impl)
+  gate, up = gu[..., :i_local], gu[..., i_local:]
+  return row_parallel_linear(jax.nn.silu(gate) * up, w_down, axis_name, impl=impl)

@@ -1,0 +1,8 @@
+"""Flax modules over the kosmos functional layers (NNX, plus Linen adapters)."""
+from kosmos_jax.nn.linear import ColumnParallelLinear, RowParallelLinear
+from kosmos_jax.nn.linen import (ColumnParallelLinearLinen, ParallelMLPLinen,
+                                 RowParallelLinearLinen, to_linen)
+from kosmos_jax.nn.mlp import ParallelMLP
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "to_linen",
+           "ColumnParallelLinearLinen", "RowParallelLinearLinen", "ParallelMLPLinen"]

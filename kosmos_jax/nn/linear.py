@@ -1,0 +1,118 @@
+"""Flax NNX TP+SP linears over `kosmos_jax.tp` (no math here: casting, params, sharding).
+
+Both take global `[batch, seq, features]` arrays under `jax.jit`:
+  ColumnParallelLinear  in  P(dp, tp, None)  (sequence-sharded)
+                        out P(dp, None, tp)  (full sequence, feature-sharded)
+  RowParallelLinear     in  P(dp, None, tp)
+                        out P(dp, tp, None)
+so a Column -> elementwise -> Row pair needs no resharding between them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from kosmos_jax import tp as tp_lib
+from kosmos_jax.nn import _spmd
+
+default_kernel_init = nnx.initializers.lecun_normal()
+Dtype = Any
+
+
+def _compute_dtype(dtype, x, param_dtype):
+  return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, param_dtype)
+
+
+class _ParallelLinear(nnx.Module):
+  """Shared construction; subclasses fix which weight dimension is sharded over tp."""
+
+  _kernel_axes: tuple  # filled by subclasses: (in_axis, out_axis) roles
+  _bias_sharded: bool
+
+  def __init__(self, in_features: int, out_features: int, *, mesh: jax.sharding.Mesh,
+               tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
+               dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+               kernel_init=default_kernel_init, bias_init=nnx.initializers.zeros_init(),
+               impl: str | None = None, rngs: nnx.Rngs):
+    _spmd.check_axes(mesh, tp_axis=tp_axis, dp_axis=dp_axis)
+    tp = mesh.shape[tp_axis]
+    sharded = out_features if self._bias_sharded else in_features
+    if sharded % tp:
+      which = "out_features" if self._bias_sharded else "in_features"
+      raise ValueError(f"{type(self).__name__}: {which}={sharded} must be a multiple of the "
+                       f"'{tp_axis}' axis size {tp}")
+    self.in_features, self.out_features = in_features, out_features
+    self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
+    self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
+    axes = self._axes(tp_axis)
+    self.kernel = nnx.Param(nnx.with_partitioning(kernel_init, axes, mesh=mesh)(
+        rngs.params(), (in_features, out_features), param_dtype))
+    self.bias = None
+    if use_bias:
+      b_axes = (tp_axis,) if self._bias_sharded else (None,)
+      self.bias = nnx.Param(nnx.with_partitioning(bias_init, b_axes, mesh=mesh)(
+          rngs.params(), (out_features,), param_dtype))
+
+  @staticmethod
+  def _axes(tp_axis):  # pragma: no cover - overridden
+    raise NotImplementedError
+
+
+class ColumnParallelLinear(_ParallelLinear):
+  """y = AG_seq(x) @ W (+ b): kernel [in, out] sharded over `tp_axis` on `out`."""
+
+  _bias_sharded = True
+
+  @staticmethod
+  def _axes(tp_axis):
+    return (None, tp_axis)
+
+  def __call__(self, x):
+    """x: [batch, seq, in] sequence-sharded -> [batch, seq, out] feature-sharded."""
+    _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
+                    dp_axis=self.dp_axis, seq_axis=self.tp_axis)
+    dt = _compute_dtype(self.dtype, x, self.param_dtype)
+    tp, dp = self.tp_axis, self.dp_axis
+
+    def local(x, w, *b):
+      y = tp_lib.column_parallel_linear(x, w, tp, impl=self.impl)
+      return y + b[0] if b else y
+
+    args = [x.astype(dt), self.kernel[...].astype(dt)]
+    specs = [_spmd.act_spec(x.ndim, dp, tp, None), P(None, tp)]
+    if self.bias is not None:
+      args.append(self.bias[...].astype(dt))
+      specs.append(P(tp))
+    return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, None, tp))
+
+
+class RowParallelLinear(_ParallelLinear):
+  """y = RS_seq(x @ W) (+ b): kernel [in, out] sharded over `tp_axis` on `in`."""
+
+  _bias_sharded = False
+
+  @staticmethod
+  def _axes(tp_axis):
+    return (tp_axis, None)
+
+  def __call__(self, x):
+    """x: [batch, seq, in] feature-sharded -> [batch, seq, out] sequence-sharded."""
+    _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
+                    dp_axis=self.dp_axis, seq_axis=self.tp_axis)
+    dt = _compute_dtype(self.dtype, x, self.param_dtype)
+    tp, dp = self.tp_axis, self.dp_axis
+
+    def local(x, w, *b):
+      y = tp_lib.row_parallel_linear(x, w, tp, impl=self.impl)
+      return y + b[0] if b else y
+
+    args = [x.astype(dt), self.kernel[...].astype(dt)]
+    specs = [_spmd.act_spec(x.ndim, dp, None, tp), P(tp, None)]
+    if self.bias is not None:
+      args.append(self.bias[...].astype(dt))
+      specs.append(P(None))
+    return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, tp, None))
