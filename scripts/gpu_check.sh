@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Build the extension on a GPU machine and run the GPU tests; logs go to $OUT (or ./out).
+# Never enables NVLink multicast (NVLS): see DESIGN.md §4.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
+OUT=${OUT:-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+{ nvidia-smi --query-gpu=index,name,memory.total --format=csv; nvidia-smi topo -m; nvcc --version | tail -2
+  $PY -c 'import jax; print("jax", jax.__version__, jax.devices())'; } > "$OUT/env.log" 2>&1
+t0=$(date +%s)
+$PY -m pip install --no-build-isolation --no-deps -e . -Ccmake.define.KOSMOS_CUDA=on > "$OUT/build.log" 2>&1 \
+  || { echo "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+KOSMOS_TEST_PLATFORMS=cuda,cpu $PY -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/gpu} "$@" 2>&1 | tee "$OUT/pytest.log"
