@@ -51,11 +51,9 @@ class _ParallelLinear(nnx.Module):
     axes = self._axes(tp_axis)
     self.kernel = nnx.Param(nnx.with_partitioning(kernel_init, axes, mesh=mesh)(
         rngs.params(), (in_features, out_features), param_dtype))
-    self.bias = None
-    if use_bias:
-      b_axes = (tp_axis,) if self._bias_sharded else (None,)
-      self.bias = nnx.Param(nnx.with_partitioning(bias_init, b_axes, mesh=mesh)(
-          rngs.params(), (out_features,), param_dtype))
+    b_axes = (tp_axis,) if self._bias_sharded else (None,)
+    self.bias = nnx.Param(nnx.with_partitioning(bias_init, b_axes, mesh=mesh)(
+        rngs.params(), (out_features,), param_dtype)) if use_bias else None
 
   @staticmethod
   def _axes(tp_axis):  # pragma: no cover - overridden

@@ -3,7 +3,8 @@ reference twin (KOSMOS_IMPL=auto|reference|fused, or `impl=` per call)."""
 from kosmos_jax.ops._dispatch import default_impl, fused_status
 from kosmos_jax.ops.copy import copy
 from kosmos_jax.ops.matmul import matmul
+from kosmos_jax.ops.moe import moe_backward, moe_forward
 from kosmos_jax.ops.tp import ag_nn, ag_tn, bulk_ag_nn, bulk_rs_nt, tn_rs
 
 __all__ = ["ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "matmul", "copy",
-           "default_impl", "fused_status"]
+           "default_impl", "fused_status", "moe_forward", "moe_backward"]

@@ -1,0 +1,88 @@
+"""Per-device MoE layer ops (paper §3.3: one launch per direction), called inside
+shard_map over the EP axis. Each validates its operands (errors name the values,
+raised before lowering), then runs the fused megakernel or its reference twin
+(`kosmos_jax.reference.moe_forward` / `moe_backward`), as `impl` / KOSMOS_IMPL decide.
+
+Shapes (per device; ep = size of `axis_name`; E_l = num_experts / ep):
+  x [t, hidden]; router_w [hidden, E] (replicated); w1 [E_l, hidden, 2I] (gate|up);
+  w2 [E_l, I, hidden]; shared_w1 [hidden, 2I_s], shared_w2 [I_s, hidden] (replicated,
+  only when config.shared_expert_intermediate > 0); bias [E] (only with use_expert_bias).
+
+  moe_forward  -> (y [t, hidden], aux loss [], residuals)
+  moe_backward -> (dx, drouter_w, dw1, dw2, dshared_w1, dshared_w2)
+"""
+from __future__ import annotations
+
+from kosmos_jax import reference
+from kosmos_jax.moe.config import MoEConfig
+from kosmos_jax.ops import _checks as chk
+from kosmos_jax.ops._dispatch import choose, fused
+
+
+def _shape(op: str, name: str, a, want: tuple) -> None:
+  if tuple(a.shape) != tuple(want):
+    raise ValueError(f"{op}: {name}.shape={tuple(a.shape)} must be {tuple(want)}")
+
+
+def check_operands(op: str, x, router_w, w1, w2, shared_w1, shared_w2, bias, config, ep: int, *,
+                   check_bias: bool = True):
+  """All shape / dtype / config checks shared by both directions."""
+  if not isinstance(config, MoEConfig):
+    raise TypeError(f"{op}: config must be a kosmos_jax.moe.MoEConfig, got {type(config).__name__}")
+  e, h, i = config.num_experts, config.hidden, config.expert_intermediate
+  if e % ep:
+    raise ValueError(f"{op}: num_experts={e} must be divisible by the EP size ep={ep}")
+  chk.rank2(op, "x", x)
+  if x.shape[1] != h:
+    raise ValueError(f"{op}: x.shape[-1]={x.shape[1]} must equal config.hidden={h}")
+  if x.shape[0] < 1:
+    raise ValueError(f"{op}: x.shape={tuple(x.shape)} has no tokens")
+  _shape(op, "router_w", router_w, (h, e))
+  _shape(op, "w1", w1, (e // ep, h, 2 * i))
+  _shape(op, "w2", w2, (e // ep, i, h))
+  si = config.shared_expert_intermediate
+  if si and (shared_w1 is None or shared_w2 is None):
+    raise ValueError(f"{op}: config.shared_expert_intermediate={si} needs shared_w1 and shared_w2")
+  if not si and (shared_w1 is not None or shared_w2 is not None):
+    raise ValueError(f"{op}: shared expert weights given but config.shared_expert_intermediate=0")
+  arrays = dict(x=x, router_w=router_w, w1=w1, w2=w2)
+  if si:
+    _shape(op, "shared_w1", shared_w1, (h, 2 * si))
+    _shape(op, "shared_w2", shared_w2, (si, h))
+    arrays.update(shared_w1=shared_w1, shared_w2=shared_w2)
+  chk.dtypes(op, **arrays)
+  if config.use_expert_bias and check_bias:
+    if bias is None:
+      raise ValueError(f"{op}: config.use_expert_bias=True needs bias of shape ({e},), got None")
+    _shape(op, "bias", bias, (e,))
+
+
+def moe_forward(x, router_w, w1, w2, shared_w1=None, shared_w2=None, bias=None, *,
+                config: MoEConfig, axis_name, impl=None):
+  """Whole MoE layer forward: route, plan, dispatch, GEMM1+SwiGLU, GEMM2, combine,
+  fold (+ shared expert). Returns (y, aux_loss, residuals)."""
+  op = "moe_forward"
+  ep = chk.axis_size(op, axis_name)
+  check_operands(op, x, router_w, w1, w2, shared_w1, shared_w2, bias, config, ep)
+  bias = bias if config.use_expert_bias else None
+  args = (x, router_w, w1, w2, shared_w1, shared_w2, bias)
+  if choose(op, impl) == "fused":
+    return fused(op)(*args, config=config, axis_name=axis_name)
+  return reference.moe_forward(*args, config=config, axis_name=axis_name)
+
+
+def moe_backward(residuals, dy, daux, router_w, w1, w2, shared_w1=None, shared_w2=None, *,
+                 config: MoEConfig, axis_name, impl=None):
+  """Whole MoE layer backward from moe_forward's residuals and the cotangents of
+  (y, aux_loss). Returns (dx, drouter_w, dw1, dw2, dshared_w1, dshared_w2)."""
+  op = "moe_backward"
+  ep = chk.axis_size(op, axis_name)
+  x = residuals.x
+  # The bias only steers selection, which the residuals already hold.
+  check_operands(op, x, router_w, w1, w2, shared_w1, shared_w2, None, config, ep, check_bias=False)
+  if tuple(dy.shape) != tuple(x.shape):
+    raise ValueError(f"{op}: dy.shape={tuple(dy.shape)} must equal x.shape={tuple(x.shape)}")
+  args = (residuals, dy.astype(x.dtype), daux, router_w, w1, w2, shared_w1, shared_w2)
+  if choose(op, impl) == "fused":
+    return fused(op)(*args, config=config, axis_name=axis_name)
+  return reference.moe_backward(*args, config=config, axis_name=axis_name)
