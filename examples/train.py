@@ -41,7 +41,7 @@ CORPUS = pathlib.Path(__file__).parent / "data" / "corpus.txt"
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--steps", type=int, default=300)
+  p.add_argument("--steps", type=int, default=200)
   p.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
   p.add_argument("--seq", type=int, default=64)
   p.add_argument("--hidden", type=int, default=64)
@@ -51,7 +51,8 @@ def parse_args(argv=None):
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--moe", action="store_true", help="replace ParallelMLP by an EP MoE layer")
   p.add_argument("--parity-tol", type=float, default=1e-3,
-                 help="max relative difference of the loss curves vs the unsharded twin")
+                 help="max relative difference of the loss curves vs the unsharded twin (fp32 "
+                      "reduction order differs; Adam amplifies it slowly over steps)")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args(argv)
 

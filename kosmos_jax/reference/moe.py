@@ -239,7 +239,8 @@ def router_logit_grad(routing: rt.Routing, dw, daux, config: MoEConfig, axis_nam
     f = counts / (t_all * config.top_k)
     dp = jnp.asarray(daux, F32) * jnp.float32(config.aux_loss_coeff * config.num_experts) * f / t_all
     _, vjp_p = jax.vjp(lambda z: rt.aux_probs(z, config), logits)
-    (dz_aux,) = vjp_p(jnp.broadcast_to(dp[None, :], logits.shape))
+    (dz_aux,) = vjp_p(_compat.pvary_to(jnp.broadcast_to(dp[None, :], logits.shape),
+                                        _compat.vma(logits)))
     dz = dz + dz_aux
   return dz
 
