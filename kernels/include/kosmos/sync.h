@@ -1,0 +1,55 @@
+// Flags and bounded waits. A flag holds the epoch at which its data was last
+// published; epochs only grow (advanced by the kernels, never reset by the host),
+// so "ready" is `flag >= epoch` and a CUDA-graph replay needs no host reset.
+// Every spin is bounded: on timeout it names kernel, rank, CTA, flag, index and
+// the expected and seen values, then traps, so a hang becomes an error.
+#pragma once
+#include <cstdint>
+#ifndef KOSMOS_HOST_EMU
+#include <cstdio>
+#endif
+
+#include "kosmos/platform.h"
+
+namespace kosmos {
+
+enum class Scope : int { kGpu = 0, kSys = 1 };
+
+// Where a wait happens, for the timeout report.
+struct WaitSite {
+  const char* kernel;
+  int rank;
+  int cta;
+  const char* flag;
+  int index;
+};
+
+template <Scope S>
+KOSMOS_HD inline uint64_t load_acquire(const uint64_t* p) {
+  return S == Scope::kSys ? ld_acquire_sys(p) : ld_acquire_gpu(p);
+}
+
+template <Scope S>
+KOSMOS_HD inline void store_release(uint64_t* p, uint64_t v) {
+  if (S == Scope::kSys) st_release_sys(p, v); else st_release_gpu(p, v);
+}
+
+// Spins (one thread) until *flag >= expected; returns the value seen. The clock is
+// read only every 256 polls so the poll loop stays tight.
+template <Scope S>
+KOSMOS_HD inline uint64_t wait_ge(const uint64_t* flag, uint64_t expected, uint64_t timeout_ns,
+                                  const WaitSite& site) {
+  const uint64_t start = now_ns();
+  for (uint32_t spin = 1;; ++spin) {
+    const uint64_t seen = load_acquire<S>(flag);
+    if (seen >= expected) return seen;
+    if ((spin & 255u) == 0 && now_ns() - start > timeout_ns) {
+      printf("kosmos timeout: kernel=%s rank=%d cta=%d flag=%s[%d] expected>=%llu seen=%llu after %llu ms\n",
+             site.kernel, site.rank, site.cta, site.flag, site.index, (unsigned long long)expected,
+             (unsigned long long)seen, (unsigned long long)(timeout_ns / 1000000ull));
+      trap();
+    }
+  }
+}
+
+}  // namespace kosmos

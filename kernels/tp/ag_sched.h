@@ -1,0 +1,90 @@
+// The AG+GEMM schedule (paper §3.2.1), plain host/device code: the GPU kernel and
+// the CPU emulation (tests/host/) run this same function over different `Ops`.
+//
+// Move queue (per rank): T "publish" items (copy local tile row t into this
+// rank's slot of its gather buffer, then release pub[t] for the peers), then
+// T*(tp-1) "pull" items, tile-row-major and source-minor so every link is busy.
+// Build queue: every tile of the local shard first (its rows come straight from
+// x), then peer tiles in pull order. Publish items precede all pulls, so once a
+// pull is claimed anywhere every publish of that rank was claimed earlier by a
+// running CTA: a pull only ever waits on claimed work, on every rank.
+#pragma once
+
+#include "kosmos/platform.h"
+#include "kosmos/roles.h"
+
+namespace kosmos {
+
+struct AgShape {
+  int tp, rank;
+  int T;   // tile rows per shard
+  int NT;  // tile columns of the output
+};
+
+struct AgMove {
+  bool publish;
+  int src;  // rank whose shard this tile row belongs to
+  int t;    // tile row within that shard
+};
+
+struct AgBuild {
+  int src, t, tn;
+  int move;  // move item the tile's rows arrive by; -1 for the local shard
+};
+
+// With no peers there is nothing to publish or pull.
+KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * s.tp : 0; }
+KOSMOS_HD inline int ag_n_build(const AgShape& s) { return s.T * s.NT * s.tp; }
+
+KOSMOS_HD inline AgMove ag_move_item(const AgShape& s, int i) {
+  if (i < s.T) return {true, s.rank, i};
+  const int q = i - s.T, peers = s.tp - 1;
+  return {false, (s.rank + 1 + q % peers) % s.tp, q / peers};
+}
+
+KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
+  const int local = s.T * s.NT;
+  if (j < local) return {s.rank, j / s.NT, j % s.NT, -1};
+  const int q = (j - local) / s.NT;  // pull index, in move-queue order
+  const AgMove m = ag_move_item(s, s.T + q);
+  return {m.src, m.t, (j - local) % s.NT, s.T + q};
+}
+
+// Waits until move item q has landed. If q is not claimed yet, this CTA claims
+// and runs moves itself (in queue order, so it only ever takes items <= q):
+// correctness never depends on how many CTAs are resident.
+template <class Ops>
+KOSMOS_HD void ag_await_or_move(Ops& ops, const AgShape& s, int q) {
+  const int n_move = ag_n_move(s);
+  while (!ops.arrived(q)) {
+    if (!ops.move_claimed(q)) {
+      const int i = ops.claim_move();
+      if (i < n_move) ops.move(ag_move_item(s, i), i);
+      continue;
+    }
+    ops.wait_arrived(q);  // claimed by a running CTA: bounded wait
+  }
+}
+
+// One CTA's life. `Ops` supplies the CTA-uniform primitives (claims broadcast to
+// every thread, waits by one thread then a barrier, the copy and the tile GEMM).
+template <class Ops>
+KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers) {
+  const int n_move = ag_n_move(s), n_build = ag_n_build(s);
+  Role role = initial_role(cta, grid, movers);
+  if (role == Role::kMover) {
+    for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+    role = one_way_after_empty(role);
+  }
+  for (int j = ops.claim_build(); j < n_build; j = ops.claim_build()) {
+    const AgBuild b = ag_build_item(s, j);
+    if (b.move >= 0) ag_await_or_move(ops, s, b.move);
+    ops.build(b);
+  }
+  // Builders left with nothing to build drain moves nobody needed locally (a
+  // publish the peers still wait on), so no item is ever left unclaimed.
+  for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+  ops.finish(grid);
+}
+
+}  // namespace kosmos
