@@ -1,0 +1,118 @@
+"""Test-side oracles for the MoE layer: a NumPy transcription of each routing rule
+and a single-device dense layer (a loop over experts, no parallelism, no capacity),
+plus a runner of kosmos_jax.moe.moe_layer under shard_map. Shared by test_moe_*.py."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from helpers import fresh, put
+from kosmos_jax.moe import MoEConfig, moe_layer
+
+SOFTMAX = MoEConfig(num_experts=8, top_k=2, hidden=16, expert_intermediate=8, score="softmax",
+                    aux_loss_coeff=0.1)
+DEEPSEEK = MoEConfig(num_experts=16, top_k=4, hidden=16, expert_intermediate=8, score="sigmoid",
+                     norm_topk_prob=True, n_groups=4, topk_groups=2, route_scale=2.5,
+                     use_expert_bias=True, aux_loss_coeff=0.1)
+ROUTINGS = {"softmax": SOFTMAX, "deepseek": DEEPSEEK}
+NAMES = ("router_w", "w1", "w2", "shared_w1", "shared_w2", "expert_bias")
+
+
+def np_route(x, router_w, cfg: MoEConfig, bias=None):
+  """Per-token NumPy (float64) transcription of the routing rule -> (idx, weights, logits)."""
+  logits = np.asarray(x, np.float64) @ np.asarray(router_w, np.float64)
+  t, e = logits.shape
+  idx = np.zeros((t, cfg.top_k), np.int64)
+  w = np.zeros((t, cfg.top_k))
+  for i in range(t):
+    z = logits[i]
+    s = np.exp(z - z.max()) / np.exp(z - z.max()).sum() if cfg.score == "softmax" else 1 / (1 + np.exp(-z))
+    c = s + (np.asarray(bias, np.float64) if bias is not None else 0.0)
+    eligible = list(range(e))
+    if cfg.n_groups > 1:
+      per = e // cfg.n_groups
+      gscore = [sum(sorted(c[g * per:(g + 1) * per])[-2:]) for g in range(cfg.n_groups)]
+      keep = sorted(range(cfg.n_groups), key=lambda g: (-gscore[g], g))[:cfg.topk_groups]
+      eligible = [x for x in range(e) if x // per in keep]
+    chosen = sorted(eligible, key=lambda x: (-c[x], x))[:cfg.top_k]  # ties: lower id first
+    idx[i] = chosen
+    w[i] = s[chosen] / (s[chosen].sum() if cfg.norm_topk_prob else 1.0) * cfg.route_scale
+  return idx, w, logits
+
+
+def _swiglu_ffn(x, w1, w2):
+  g, u = jnp.split(x @ w1, 2, axis=-1)
+  return (jax.nn.silu(g) * u) @ w2
+
+
+def dense_moe(x, p: dict, cfg: MoEConfig):
+  """Dense oracle, fp32, differentiable: y [T, h], aux []. Every token runs through
+  every expert; each expert's output is weighted by the token's combine weight for it."""
+  logits = x @ p["router_w"]
+  s = jax.nn.softmax(logits, -1) if cfg.score == "softmax" else jax.nn.sigmoid(logits)
+  c = jax.lax.stop_gradient(s) + (p["expert_bias"] if cfg.use_expert_bias else 0.0)
+  t, e = s.shape
+  if cfg.n_groups > 1:
+    per = e // cfg.n_groups
+    gs = jnp.sort(c.reshape(t, cfg.n_groups, per), axis=-1)[..., -2:].sum(-1)
+    keep = jnp.argsort(-gs, axis=-1, stable=True)[:, :cfg.topk_groups]
+    mask = (jnp.arange(e)[None, None, :] // per == keep[:, :, None]).any(1)
+    c = jnp.where(mask, c, -jnp.inf)
+  idx = jnp.argsort(-c, axis=-1, stable=True)[:, :cfg.top_k]
+  w = jnp.take_along_axis(s, idx, -1)
+  if cfg.norm_topk_prob:
+    w = w / w.sum(-1, keepdims=True)
+  w = w * cfg.route_scale
+  y = jnp.zeros_like(x)
+  for ex in range(e):
+    coef = jnp.sum(jnp.where(idx == ex, w, 0.0), -1)
+    y = y + coef[:, None] * _swiglu_ffn(x, p["w1"][ex], p["w2"][ex])
+  if cfg.shared_expert_intermediate:
+    y = y + _swiglu_ffn(x, p["shared_w1"], p["shared_w2"])
+  probs = s if cfg.score == "softmax" else s / s.sum(-1, keepdims=True)
+  f = jax.nn.one_hot(idx, e).sum((0, 1)) / (t * cfg.top_k)
+  return y, cfg.aux_loss_coeff * e * jnp.sum(f * probs.mean(0))
+
+
+def make_params(cfg: MoEConfig, dtype, shared: bool):
+  e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
+  p = {"router_w": fresh((h, e), dtype, 0.5), "w1": fresh((e, h, 2 * i), dtype, h ** -0.5),
+       "w2": fresh((e, i, h), dtype, i ** -0.5)}
+  if shared:
+    si = cfg.shared_expert_intermediate
+    p["shared_w1"] = fresh((h, 2 * si), dtype, h ** -0.5)
+    p["shared_w2"] = fresh((si, h), dtype, si ** -0.5)
+  if cfg.use_expert_bias:
+    p["expert_bias"] = fresh((e,), jnp.float32, 0.05)
+  return p
+
+
+def ep_mesh(ep: int):
+  return jax.sharding.Mesh(np.array(jax.devices()[:ep]), ("ep",))
+
+
+SPECS = {"router_w": P(), "w1": P("ep"), "w2": P("ep"), "shared_w1": P(), "shared_w2": P(),
+         "expert_bias": P()}
+
+
+def sharded_layer(cfg: MoEConfig, ep: int, names, impl=None):
+  """Jitted (x [T, h], *params) -> (y, aux) over an EP mesh of `ep` devices, and the mesh."""
+  m = ep_mesh(ep)
+
+  def local(x, *params):
+    return moe_layer(x, dict(zip(names, params)), cfg, "ep", impl=impl)
+
+  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]),
+                    out_specs=(P("ep"), P()))
+  return jax.jit(f), m
+
+
+def place(m, x, p: dict):
+  names = tuple(n for n in NAMES if n in p)
+  return names, put(x, m, P("ep")), [put(p[n], m, SPECS[n]) for n in names]
+
+
+def to_f32(p: dict):
+  return {k: jnp.asarray(np.asarray(jnp.asarray(v, jnp.float32))) for k, v in p.items()}
