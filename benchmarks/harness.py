@@ -1,0 +1,119 @@
+"""The one benchmark harness (DESIGN.md §7): warm-up, then pipelined calls synchronized
+once per repetition, the slowest rank's median, inputs rotated so the L2 cache does
+not flatter, CSV + PNG, and a summary appended to benchmarks/RESULTS.md.
+
+Benchmarks measure; tests never time.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+HERE = pathlib.Path(__file__).parent
+SHAPES = HERE / "data" / "paper_tp_shapes.json"  # copy of ../shared/data (the device gets the repo only)
+RESULTS = HERE / "RESULTS.md"
+L2_BYTES = 60 << 20  # H200 L2 is 50 MiB; rotate through more than that
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  median_ms: float
+  min_ms: float
+  reps: int
+  calls_per_rep: int
+
+
+def paper_shapes(kernel: str) -> list[dict]:
+  """The paper's 24 Llama-3 shapes of `kernel` (ag_tn, tn_rs, ag_nn, bulk_ag_nn, bulk_rs_nt)."""
+  return json.loads(SHAPES.read_text())["kernels"][kernel]["shapes"]
+
+
+def rotation(make_inputs: Callable[[int], tuple], bytes_per_set: int) -> list[tuple]:
+  """Enough distinct input sets that one pass through them overflows the L2."""
+  n = max(2, min(16, -(-L2_BYTES // max(bytes_per_set, 1))))
+  return [make_inputs(i) for i in range(n)]
+
+
+def _slowest_rank(ms: float) -> float:
+  if jax.process_count() == 1:
+    return ms  # one process: the host wall clock already waits for every device
+  from jax.experimental import multihost_utils
+  return float(np.max(multihost_utils.process_allgather(np.array([ms]))))
+
+
+def time_fn(fn: Callable, input_sets: Sequence[tuple], *, warmup: int = 5, calls: int = 20,
+            reps: int = 5) -> Timing:
+  """Median over `reps` of (time of `calls` pipelined calls, synced once) / calls."""
+  out = None
+  for i in range(warmup):
+    out = fn(*input_sets[i % len(input_sets)])
+  jax.block_until_ready(out)
+  per_call = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    for i in range(calls):
+      out = fn(*input_sets[i % len(input_sets)])
+    jax.block_until_ready(out)
+    per_call.append(_slowest_rank((time.perf_counter() - t0) * 1e3 / calls))
+  return Timing(statistics.median(per_call), min(per_call), reps, calls)
+
+
+def write_csv(rows: list[dict], path: pathlib.Path) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+
+
+def bar_plot(names: Sequence[str], series: dict[str, Sequence[float]], path: pathlib.Path,
+             *, ylabel: str, title: str, ref_line: float | None = 1.0) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) * len(series)), 4.5))
+  width = 0.8 / len(series)
+  x = np.arange(len(names))
+  for i, (label, vals) in enumerate(series.items()):
+    ax.bar(x + i * width, vals, width, label=label)
+  if ref_line is not None:
+    ax.axhline(ref_line, color="k", lw=0.8)
+  ax.set_xticks(x + 0.4 - width / 2, names, rotation=60, ha="right", fontsize=7)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def environment() -> dict:
+  """Date, device, commit and command: the header of every RESULTS.md entry."""
+  try:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE, check=True).stdout.strip()
+  except Exception:  # not a git checkout (e.g. a copied tree)
+    commit = "unknown"
+  dev = jax.devices()[0]
+  return {"date": datetime.date.today().isoformat(), "device": f"{len(jax.devices())} x {dev.device_kind}",
+          "commit": commit, "command": " ".join(["python"] + sys.argv), "jax": jax.__version__}
+
+
+def append_results(title: str, body_md: str) -> None:
+  env = environment()
+  head = (f"\n## {title}\n\n- date: {env['date']}\n- device: {env['device']}\n"
+          f"- commit: {env['commit']}\n- jax: {env['jax']}\n- command: `{env['command']}`\n\n")
+  with RESULTS.open("a") as f:
+    f.write(head + body_md.rstrip() + "\n")
