@@ -7,4 +7,6 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cpu);
 #ifdef KOSMOS_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cuda);
+// kosmos_ag_tn: y = allgather_rows(x) @ w, fused (kernels/tp/ag_gemm.cuh).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_tn_cuda);
 #endif

@@ -3,12 +3,16 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "handlers.h"
 #ifdef KOSMOS_WITH_CUDA
 #include "cuda_info.h"
+#include "launch.h"
+#include "runtime.h"
 #endif
 
 namespace nb = nanobind;
@@ -27,6 +31,11 @@ static nb::dict Registrations() {
   copy["CUDA"] = Encapsulate(kosmos_copy_cuda);
 #endif
   out["kosmos_copy"] = copy;
+#ifdef KOSMOS_WITH_CUDA
+  nb::dict ag_tn;
+  ag_tn["CUDA"] = Encapsulate(kosmos_ag_tn_cuda);
+  out["kosmos_ag_tn"] = ag_tn;
+#endif
   return out;
 }
 
@@ -49,8 +58,45 @@ static std::pair<int, std::string> CudaDeviceCount() {
 #endif
 }
 
+#ifdef KOSMOS_WITH_CUDA
+// Allocates the symmetric heaps of these local devices (once), enables peer
+// access, and prepares every persistent kernel on them; raises on failure.
+static void HeapInit(const std::vector<int>& ordinals, const std::vector<int64_t>& global_ids, size_t bytes) {
+  std::string err = kosmos::Runtime::get().init_local(ordinals, global_ids, bytes);
+  for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::ag_tn_prepare(ordinals[i]);
+  if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
+}
+
+static nb::bytes IpcHandle(int ordinal) {
+  std::string h;
+  std::string err = kosmos::Runtime::get().ipc_handle(ordinal, &h);
+  if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
+  return nb::bytes(h.data(), h.size());
+}
+
+static void IpcOpen(int64_t global_id, nb::bytes handle, int local_ordinal) {
+  std::string err = kosmos::Runtime::get().ipc_open(
+      global_id, std::string(static_cast<const char*>(handle.data()), handle.size()), local_ordinal);
+  if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
+}
+
+// "" when device `global_id`'s heap is reachable from local `ordinal`, else why not.
+static std::string Unreachable(int ordinal, int64_t global_id) {
+  std::string why;
+  return kosmos::Runtime::get().heap_for(ordinal, global_id, &why) ? std::string() : why;
+}
+#endif
+
 NB_MODULE(_kosmos_ext, m) {
   m.def("registrations", &Registrations);
   m.def("cuda_built", &CudaBuilt);
   m.def("cuda_device_count", &CudaDeviceCount);
+#ifdef KOSMOS_WITH_CUDA
+  m.def("heap_init", &HeapInit);
+  m.def("heap_bytes", [] { return kosmos::Runtime::get().heap_bytes(); });
+  m.def("ipc_handle", &IpcHandle);
+  m.def("ipc_open", &IpcOpen);
+  m.def("unreachable", &Unreachable);
+  m.def("mapped_ids", [] { return kosmos::Runtime::get().mapped_ids(); });
+#endif
 }

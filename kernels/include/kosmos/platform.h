@@ -25,11 +25,10 @@ using kosmosError_t = cudaError_t;
 #define kosmosGetErrorString cudaGetErrorString
 #else
 #define KOSMOS_HOST_EMU 1
-#include <atomic>
+#endif
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#endif
 
 #ifdef KOSMOS_GPU
 #define KOSMOS_HD __host__ __device__
@@ -115,8 +114,9 @@ KOSMOS_DEVICE uint32_t add_acq_rel_gpu_u32(uint32_t* p, uint32_t v) {
 // wall_clock64 ticks at a constant 100 MHz on CDNA3 (MI300).
 KOSMOS_DEVICE uint64_t now_ns() { return wall_clock64() * 10ull; }
 [[noreturn]] KOSMOS_DEVICE void trap() { __builtin_trap(); }
-#elif defined(KOSMOS_HOST_EMU)
-// Host emulation: the same orders through the compiler's atomic builtins.
+#else
+// Host code (the CPU emulation, and nvcc's host pass over the same headers):
+// the same orders through the compiler's atomic builtins.
 inline uint64_t ld_acquire_sys(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline uint64_t ld_acquire_gpu(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void st_release_sys(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }

@@ -1,0 +1,161 @@
+// Fused all-gather + GEMM (paper §3.2.1): Y = allgather_rows(X) @ W in one
+// persistent launch. Movers pull peers' tile rows into this rank's gather slots
+// and release a per-row flag; builders run the local shard first, then peer tiles
+// in the order they are pulled; a mover with no moves left becomes a builder; a
+// builder whose rows nobody claimed pulls them itself (kernels/tp/ag_sched.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm/portable/tile_gemm.cuh"
+#include "kosmos/platform.h"
+#include "kosmos/queue.h"
+#include "kosmos/sync.h"
+#include "kosmos/transport.h"
+#include "tp/ag_layout.h"
+#include "tp/ag_sched.h"
+
+namespace kosmos {
+
+template <typename T>
+struct AgParams {
+  const T* x;  // [batch * m_local, K] local shard
+  const T* w;  // [K, N]
+  T* y;        // [batch, tp * m_local, N]
+  char* heap[kMaxRanks];  // every rank's heap base, mapped here
+  int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
+  int K, N;
+  AgShape shape;
+  int movers;
+  size_t slot_bytes;  // bytes per rank slot in the gather region
+  uint64_t timeout_ns;
+};
+
+struct AgShared {
+  portable::TileSmem tile;
+  int bcast;
+};
+
+template <typename T>
+struct AgDeviceOps {
+  const AgParams<T>& p;
+  AgShared& sm;
+  AgCtrl* ctrl;
+  uint64_t epoch;
+  bool peers_done;  // this CTA has seen every peer finish epoch-1 with our slot
+
+  KOSMOS_DEVICE AgCtrl* ctrl_of(int r) const { return reinterpret_cast<AgCtrl*>(p.heap[r] + kAgCtrlOffset); }
+  KOSMOS_DEVICE char* slot(int r, int src) const { return p.heap[r] + kHeapDataOffset + (size_t)src * p.slot_bytes; }
+  KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"ag_tn", p.rank, (int)blockIdx.x, flag, i}; }
+
+  // Thread 0 decides, every thread gets the value (control flow stays CTA-uniform).
+  KOSMOS_DEVICE int bcast(int v) {
+    if (threadIdx.x == 0) sm.bcast = v;
+    __syncthreads();
+    const int out = sm.bcast;
+    __syncthreads();
+    return out;
+  }
+  KOSMOS_DEVICE int claim_move() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claim() : 0); }
+  KOSMOS_DEVICE int claim_build() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->build_next, 0}.claim() : 0); }
+  KOSMOS_DEVICE bool move_claimed(int q) {
+    return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claimed((uint32_t)q) : 0);
+  }
+  KOSMOS_DEVICE uint64_t* arrived_flag(int q) {
+    const AgMove m = ag_move_item(p.shape, q);
+    return &ctrl->arrived[m.src * kMaxTileRows + m.t];
+  }
+  KOSMOS_DEVICE bool arrived(int q) {
+    return bcast(threadIdx.x == 0 ? (int)(load_acquire<Scope::kGpu>(arrived_flag(q)) >= epoch) : 0);
+  }
+  KOSMOS_DEVICE void wait_arrived(int q) {
+    if (threadIdx.x == 0) wait_ge<Scope::kGpu>(arrived_flag(q), epoch, p.timeout_ns, site("arrived", q));
+    __syncthreads();
+  }
+  KOSMOS_DEVICE void move(const AgMove& m, int i);
+  KOSMOS_DEVICE void build(const AgBuild& b);
+  KOSMOS_DEVICE void finish(int grid);
+};
+
+// Bytes of tile row t of a shard: rows [t*BM, min((t+1)*BM, rows)).
+template <typename T>
+KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* bytes) {
+  const size_t r0 = (size_t)t * portable::kBM;
+  size_t r1 = r0 + portable::kBM;
+  if (r1 > (size_t)p.rows) r1 = p.rows;
+  *off = r0 * p.K * sizeof(T);
+  *bytes = (r1 - r0) * p.K * sizeof(T);
+}
+
+template <typename T>
+KOSMOS_DEVICE void AgDeviceOps<T>::move(const AgMove& m, int i) {
+  (void)i;
+  size_t off, bytes;
+  row_range(p, m.t, &off, &bytes);
+  if (m.publish) {
+    // Reuse rule: our slot is overwritten only after every peer released
+    // done[peer] >= epoch-1, i.e. finished pulling the previous epoch from it.
+    if (!peers_done) {
+      if (threadIdx.x == 0)
+        for (int r = 0; r < p.tp; ++r)
+          if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done", r));
+      __syncthreads();
+      peers_done = true;
+    }
+    cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
+    __syncthreads();  // all writes of the row before the release below
+    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
+    return;
+  }
+  if (threadIdx.x == 0)
+    wait_ge<Scope::kSys>(&ctrl_of(m.src)->pub[m.t], epoch, p.timeout_ns, site("peer_pub", m.src * kMaxTileRows + m.t));
+  __syncthreads();  // every thread's loads are ordered after thread 0's acquire
+  cta_copy16(slot(p.rank, m.src) + off, slot(m.src, m.src) + off, bytes);  // pull
+  __syncthreads();
+  if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
+}
+
+template <typename T>
+KOSMOS_DEVICE void AgDeviceOps<T>::build(const AgBuild& b) {
+  const int r0 = b.t * portable::kBM;
+  const int rows = min(portable::kBM, p.rows - r0);
+  const T* a = b.src == p.rank ? p.x + (size_t)r0 * p.K
+                               : reinterpret_cast<const T*>(slot(p.rank, b.src)) + (size_t)r0 * p.K;
+  portable::Acc acc;
+  portable::tile_mma(a, rows, p.w, p.K, p.N, b.tn * portable::kBN, sm.tile, acc);
+  // Flattened local row r of shard src -> row of the gathered [batch, tp*m_local] output.
+  const int m = p.m_local, tp = p.tp, src = b.src;
+  auto row_of = [=](int r) {
+    const int g = r0 + r;
+    return (g / m) * (tp * m) + src * m + g % m;
+  };
+  portable::tile_store(acc, p.y, rows, p.N, b.tn * portable::kBN, row_of);
+}
+
+// The last CTA to finish tells every peer we are done reading its slot for this
+// epoch, resets the queues and advances the epoch: no host work between launches.
+template <typename T>
+KOSMOS_DEVICE void AgDeviceOps<T>::finish(int grid) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
+  for (int r = 0; r < p.tp; ++r)
+    if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
+  ctrl->move_next = 0;
+  ctrl->build_next = 0;
+  ctrl->finished = 0;
+  store_release<Scope::kGpu>(&ctrl->epoch, epoch);
+}
+
+// Dynamic shared memory is only padding: it makes two CTAs never fit on one SM.
+template <typename T>
+__global__ void __launch_bounds__(portable::kThreads, 1) ag_tn_kernel(const AgParams<T> p) {
+  __shared__ AgShared sm;
+  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + kAgCtrlOffset);
+  // Every CTA reads the epoch before any CTA can finish and advance it.
+  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  AgDeviceOps<T> ops{p, sm, ctrl, epoch, false};
+  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers);
+}
+
+}  // namespace kosmos

@@ -1,0 +1,58 @@
+"""One process of the multi-process (one GPU per process, jax.distributed) test of
+fused AG+GEMM: heaps are exchanged as CUDA IPC handles through JAX's key-value
+store. Usage: python mp_ag_tn_worker.py PROCESS_ID NUM_PROCESSES PORT"""
+import os
+import sys
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+os.environ.setdefault("KOSMOS_POISON_OUTPUT", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+
+def main():
+  pid, nproc, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid,
+                             local_device_ids=[pid])
+  from kosmos_jax import reference, runtime
+  from kosmos_jax.ops._fused_tp import ag_tn_fused
+
+  info = runtime.init()
+  assert info["mode"] == "ipc", info
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("tp",))
+  rng = np.random.default_rng(7)  # same global inputs in every process
+
+  def glob(a, spec):
+    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
+
+  def run(fn, x, w):
+    f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(None, "tp", None), P()), out_specs=P(None, None, None)))
+    return f(glob(x, P(None, "tp", None)), glob(w, P()))
+
+  worst = 0.0
+  for it in range(6):
+    for dtype, kw in ((np.float32, {}), (jnp.bfloat16, dict(cu_cap=1)), (jnp.bfloat16, dict(movers=0))):
+      x = rng.standard_normal((2, 384, 160)).astype(dtype)
+      w = (rng.standard_normal((160, 200)) / 12).astype(dtype)
+      y = run(lambda a, b: ag_tn_fused(a, b, axis_name="tp", **kw), x, w)
+      ref = run(lambda a, b: reference.ag_tn(a, b, axis_name="tp"), x, w)
+      oracle = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+      got = np.asarray(y.addressable_shards[0].data, np.float64)
+      twin = np.asarray(ref.addressable_shards[0].data, np.float64)
+      assert np.all(np.isfinite(got)), "NaN in output (unwritten element?)"
+      err = max(np.linalg.norm(got - oracle) / np.linalg.norm(oracle),
+                np.linalg.norm(got - twin) / np.linalg.norm(twin))
+      bound = 1e-5 if dtype == np.float32 else 1e-2
+      assert err <= bound, f"process {pid} iter {it} {np.dtype(dtype)} {kw}: rel err {err:.3e} > {bound}"
+      worst = max(worst, err / bound)
+  print(f"MP_OK process {pid}: worst err/bound {worst:.3f}", flush=True)
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main()
