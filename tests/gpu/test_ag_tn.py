@@ -22,8 +22,17 @@ def _oracle(x, w):
   return np.asarray(x, np.float64) @ np.asarray(w, np.float64)
 
 
+# Every device returns the whole gathered product; out_specs stacks the copies along
+# the batch axis, so [tp*batch, m, n] holds each device's result in turn.
+OUT = P("tp", None, None)
+
+
+def _copies(y, tp):
+  return np.split(np.asarray(jnp.asarray(y, jnp.float32)), tp, axis=0)
+
+
 def _run(mesh, fn, x, w):
-  f = shard_map(fn, mesh, in_specs=(P(None, "tp", None), P()), out_specs=P(None, None, None))
+  f = shard_map(fn, mesh, in_specs=(P(None, "tp", None), P()), out_specs=OUT)
   return f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P()))
 
 
@@ -33,14 +42,13 @@ def _fused(**kw):
 
 def _check(mesh, x, w, dtype, **kw):
   tp = mesh.shape["tp"]
-  # Each device returns the full gathered product; out_specs replicate, so view rank 0's.
   y = _run(mesh, _fused(**kw), x, w)
   ref = _run(mesh, lambda a, b: reference.ag_tn(a, b, axis_name="tp"), x, w)
   oracle = _oracle(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
-  assert y.shape == ref.shape == (x.shape[0], x.shape[1], w.shape[1]), (y.shape, ref.shape, tp)
-  for shard in y.addressable_shards:  # every device's copy, not just one
-    assert_close(shard.data, ref, dtype, what=f"fused vs twin on {shard.device} {kw}")
-    assert_close(shard.data, oracle, dtype, what=f"fused vs oracle on {shard.device} {kw}")
+  assert y.shape == ref.shape == (tp * x.shape[0], x.shape[1], w.shape[1]), (y.shape, ref.shape, tp)
+  for rank, (got, twin) in enumerate(zip(_copies(y, tp), _copies(ref, tp))):  # every device's copy
+    assert_close(got, twin, dtype, what=f"fused vs twin, rank {rank} {kw}")
+    assert_close(got, oracle, dtype, what=f"fused vs oracle, rank {rank} {kw}")
 
 
 SHAPES = [  # (batch, m total, k, n, dtype)
@@ -70,11 +78,12 @@ def test_ag_tn_fused_back_to_back_fresh_inputs():
   """Many calls with new inputs reuse the heap: epochs and the done-handshake must
   keep every call's rows apart (a stale row shows up as a mismatch)."""
   mesh = _gpu_mesh(2)
-  f = shard_map(_fused(), mesh, in_specs=(P(None, "tp", None), P()), out_specs=P(None, None, None))
+  f = shard_map(_fused(), mesh, in_specs=(P(None, "tp", None), P()), out_specs=OUT)
   ins = [(fresh((1, 1024, 256), jnp.float32), fresh((256, 512), jnp.float32, scale=1 / 16)) for _ in range(12)]
   outs = [f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())) for x, w in ins]  # pipelined, one sync
-  for (x, w), y in zip(ins, outs):
-    assert_close(y, _oracle(x, w), jnp.float32, what="back-to-back")
+  for i, ((x, w), y) in enumerate(zip(ins, outs)):
+    for rank, got in enumerate(_copies(y, 2)):
+      assert_close(got, _oracle(x, w), jnp.float32, what=f"back-to-back call {i}, rank {rank}")
 
 
 def test_ag_tn_fused_in_one_program_twice():
@@ -88,9 +97,10 @@ def test_ag_tn_fused_in_one_program_twice():
     mine = jax.lax.dynamic_slice_in_dim(y, jax.lax.axis_index("tp") * rows, rows, axis=1)
     return ag_tn_fused(mine, c, axis_name="tp")
 
-  f = shard_map(two, mesh, in_specs=(P(None, "tp", None), P(), P()), out_specs=P(None, None, None))
+  f = shard_map(two, mesh, in_specs=(P(None, "tp", None), P(), P()), out_specs=OUT)
   y = f(put(x, mesh, P(None, "tp", None)), put(w1, mesh, P()), put(w2, mesh, P()))
-  assert_close(y, _oracle(_oracle(x, w1), w2), jnp.float32, what="two calls")
+  for rank, got in enumerate(_copies(y, 2)):
+    assert_close(got, _oracle(_oracle(x, w1), w2), jnp.float32, what=f"two calls, rank {rank}")
 
 
 def test_ag_tn_dispatch_fused_env(monkeypatch):
@@ -99,10 +109,12 @@ def test_ag_tn_dispatch_fused_env(monkeypatch):
   monkeypatch.setenv("KOSMOS_IMPL", "fused")
   x, w = fresh((1, 256, 64), jnp.bfloat16), fresh((64, 96), jnp.bfloat16, 0.125)
   f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", cu_cap=16), mesh,
-                in_specs=(P(None, "tp", None), P()), out_specs=P(None, None, None))
+                in_specs=(P(None, "tp", None), P()), out_specs=OUT)
   text = f.lower(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())).as_text()
   assert "kosmos_ag_tn" in text and "all-gather" not in text and "all_gather" not in text
-  assert_close(f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())), _oracle(x, w), jnp.bfloat16)
+  y = f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P()))
+  for rank, got in enumerate(_copies(y, 2)):
+    assert_close(got, _oracle(x, w), jnp.bfloat16, what=f"KOSMOS_IMPL=fused, rank {rank}")
 
 
 def test_ag_tn_fused_single_device_group():
