@@ -4,6 +4,7 @@ capacity overflow (fallback, never a drop); skewed routing; bad input."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -226,3 +227,35 @@ def test_fused_impl_not_available_yet():
     _call_impl = sharded_layer(SOFTMAX, 2, ("router_w", "w1", "w2"), impl="fused")[0]
     names, xs, ps = place(ep_mesh(2), fresh((T, 16)), p)
     _call_impl(xs, *ps)
+
+
+def _collectives(fn, *args):
+  """Collectives in the lowered StableHLO (after jit's dead-code elimination)."""
+  text = jax.jit(fn).lower(*args).as_text()
+  return {k: len(re.findall(rf"stablehlo\.{k}\b|\"stablehlo\.{k}\"", text))
+          for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "collective_permute")}
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 1.0])
+def test_hlo_collectives(capacity_factor):
+  """Forward: one all-to-all each for dispatch and combine, two all-reduces for the aux
+  loss inputs; with padded buffers also the count exchange, the overflow vote and the
+  fallback's own dispatch + combine. The gradient program (whose forward values are
+  dead, so the aux psums go) has dispatch of dY and combine of dX per branch (the
+  fallback re-dispatches X to rematerialize), and psums of the counts (aux gradient)
+  and of the replicated router's weight gradient."""
+  cfg = SOFTMAX.replace(capacity_factor=capacity_factor)
+  p = make_params(cfg, jnp.float32, False)
+  f, m = sharded_layer(cfg, 4, ("router_w", "w1", "w2"))
+  _, xs, ps = place(m, fresh((T, cfg.hidden)), p)
+
+  def loss(x, *ps):
+    y, aux = f(x, *ps)
+    return jnp.sum(y) + aux
+
+  fwd, bwd = _collectives(f, xs, *ps), _collectives(jax.grad(loss, argnums=(0, 1, 2, 3)), xs, *ps)
+  padded = capacity_factor is not None
+  zero = dict(all_gather=0, reduce_scatter=0, collective_permute=0)
+  assert fwd == zero | dict(all_to_all=5 if padded else 2, all_reduce=3 if padded else 2)
+  assert bwd == zero | dict(all_to_all=5 + 2 + 3 if padded else 2 + 2,
+                            all_reduce=1 + 2 if padded else 2)
