@@ -12,6 +12,8 @@ import pytest
 # element fails the comparison (DESIGN.md §6). Read once, at the first launch.
 os.environ.setdefault("KOSMOS_POISON_OUTPUT", "1")
 os.environ.setdefault("KOSMOS_TIMEOUT_MS", "20000")
+# Leave GPU memory to the symmetric heaps and to the multi-process workers.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # tests/helpers.py, importable as `helpers` like the CPU tests do.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
