@@ -1,0 +1,40 @@
+// Element conversions the tile engines need (bf16 operands, bf16 or fp32
+// outputs), spelled once for CUDA and HIP: both runtimes name the bf16
+// intrinsics alike, only the type and header differ.
+#pragma once
+#include "kosmos/platform.h"
+
+#if defined(KOSMOS_HIP)
+#include <hip/hip_bf16.h>
+namespace kosmos::gemm {
+using bf16 = __hip_bfloat16;
+}
+#elif defined(KOSMOS_CUDA)
+#include <cuda_bf16.h>
+namespace kosmos::gemm {
+using bf16 = __nv_bfloat16;
+}
+#endif
+
+#if defined(KOSMOS_GPU)
+namespace kosmos::gemm {
+
+KOSMOS_DEVICE float load_f32(const bf16* p) { return __bfloat162float(*p); }
+KOSMOS_DEVICE float load_f32(const float* p) { return *p; }
+
+KOSMOS_DEVICE void store_f32(float* p, float v) { *p = v; }
+KOSMOS_DEVICE void store_f32(bf16* p, float v) { *p = __float2bfloat16(v); }
+
+// Two adjacent outputs in one store; p must be aligned to two elements.
+KOSMOS_DEVICE void store_f32x2(float* p, float v0, float v1) { *reinterpret_cast<float2*>(p) = make_float2(v0, v1); }
+KOSMOS_DEVICE void store_f32x2(bf16* p, float v0, float v1) {
+#if defined(KOSMOS_CUDA)
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);  // one 4-byte store
+#else
+  p[0] = __float2bfloat16(v0);
+  p[1] = __float2bfloat16(v1);
+#endif
+}
+
+}  // namespace kosmos::gemm
+#endif

@@ -1,0 +1,38 @@
+// Epilogue of the Hopper engine: fp32 accumulators from registers straight to
+// global memory, rounded once to the output type (bf16 for a finished product,
+// fp32 for partials another pass reduces). Edge tiles are masked per element.
+//
+// Direct stores keep shared memory for the operand ring (4 stages of a
+// 128x256 tile fill 192 KB); while consumers store, the producer is already
+// loading the next tile, so the stores overlap with TMA, not with WGMMA.
+#pragma once
+#include "gemm/elem.h"
+#include "gemm/sm90/tile_config.cuh"
+
+namespace kosmos::sm90 {
+
+// thr: this consumer thread's slice of the TiledMma; acc: its accumulators of
+// tile t. In a wgmma accumulator fragment, values 2i and 2i+1 are adjacent
+// columns of one row, so each thread writes 2-element vectors.
+template <class Cfg, class OutT, class Thr, class Acc>
+CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc, gemm::TileCoord t) {
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
+  OutT* C = static_cast<OutT*>(p.c);
+  const int m0 = t.m * Cfg::kBM, n0 = t.n * Cfg::kBN;
+  const bool vec = (p.N % 2) == 0;  // rows start 2-element aligned
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int r = m0 + get<0>(coord(i)), c = n0 + get<1>(coord(i));
+    if (r >= p.M) continue;
+    OutT* row = C + static_cast<size_t>(r) * p.N;
+    if (vec && c + 1 < p.N) {
+      gemm::store_f32x2(row + c, acc(i), acc(i + 1));
+    } else {
+      const int c1 = n0 + get<1>(coord(i + 1));
+      if (c < p.N) gemm::store_f32(row + c, acc(i));
+      if (c1 < p.N) gemm::store_f32(row + c1, acc(i + 1));
+    }
+  }
+}
+
+}  // namespace kosmos::sm90

@@ -1,0 +1,54 @@
+// A whole GEMM as one persistent launch of the Hopper tile engine: one CTA
+// per SM walks the L2-swizzled static tile order. This is the standalone
+// `ops.matmul` kernel and the engine's test vehicle; fused kernels call
+// TileEngine::run with their own scheduler and hooks instead.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "gemm/sm90/tile_engine.cuh"
+#include "gemm/tile_order.h"
+
+namespace kosmos::sm90 {
+
+// 8 tile-rows per band: 8 x 128 rows of A (16 MB at K = 8192) plus the
+// B columns of one band stay within the 50 MB L2 across a wave of 132 CTAs.
+constexpr int kSwizzleGroup = 8;
+
+template <class Cfg, class OutT>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid_constant__ Params<Cfg> p) {
+  extern __shared__ char smem_raw[];
+  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>(base);
+  const gemm::SwizzledOrder order{gemm::ceil_div(p.M, Cfg::kBM), gemm::ceil_div(p.N, Cfg::kBN), kSwizzleGroup};
+  gemm::StaticScheduler sched(order, blockIdx.x, gridDim.x);
+  gemm::NoHooks hooks;
+  TileEngine<Cfg, OutT, gemm::NoHooks>::run(p, s, sched, hooks);
+}
+
+// Launches C = A . B for problem `prob` on `grid` CTAs (<= 0: one per SM,
+// capped at the tile count). Returns cudaErrorInvalidValue when the problem
+// does not suit TMA (see unsupported()); the caller then uses the portable
+// engine. Single-device helper: the smem limit and SM count are set up once
+// per instantiation (an FFI handler does this per device, at instantiate time).
+template <class Cfg, class OutT>
+cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream) {
+  if (unsupported(prob, Cfg::kLayout)) return cudaErrorInvalidValue;
+  const Params<Cfg> p = make_params<Cfg>(prob);
+  const size_t smem = SharedStorage<Cfg>::kLaunchBytes;
+  auto kernel = persistent_gemm<Cfg, OutT>;
+  static int sms = 0;  // first launch per instantiation: raise the smem limit, read the SM count
+  if (sms == 0) {
+    int dev = 0;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess) err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+  }
+  const int tiles = gemm::ceil_div(prob.M, Cfg::kBM) * gemm::ceil_div(prob.N, Cfg::kBN);
+  if (grid <= 0) grid = sms;
+  grid = grid < tiles ? grid : tiles;
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kosmos::sm90

@@ -1,0 +1,127 @@
+// Tile math of the Hopper engine: tile shape, shared-memory layouts, the
+// WGMMA tiling and the TMA descriptors, all as CuTe atoms and layouts (no
+// CUTLASS kernel-level classes: the schedule lives in tile_engine.cuh).
+//
+// Operands are described in the engine's terms (gemm/tile_problem.h): A is
+// (M, K) and B is (N, K), each K-major or MN-major. Both majors are native to
+// wgmma for 16-bit types, so none of the three layouts needs a transpose pass.
+#pragma once
+// cute/tensor.hpp first: the atom headers assume what it declares.
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "gemm/tile_problem.h"
+
+namespace kosmos::sm90 {
+
+using namespace cute;
+using bf16 = cute::bfloat16_t;  // same bits as __nv_bfloat16
+
+template <gemm::Major Mj>
+constexpr GMMA::Major kGmmaMajor = Mj == gemm::Major::K ? GMMA::Major::K : GMMA::Major::MN;
+
+// A ring of `Stages` operand tiles of (Rows, BK), each in the canonical
+// 128-byte-swizzled wgmma layout of its major: conflict-free for TMA writes
+// and wgmma reads. MN-major atoms are 64 rows x 8 k; tiling k first keeps a
+// wgmma k-block (16) within neighbouring atoms.
+template <gemm::Major Mj, int Rows, int BK, int Stages>
+using SmemRing = decltype(tile_to_shape(
+    conditional_t<Mj == gemm::Major::K, GMMA::Layout_K_SW128_Atom<bf16>, GMMA::Layout_MN_SW128_Atom<bf16>>{},
+    make_shape(Int<Rows>{}, Int<BK>{}, Int<Stages>{}),
+    conditional_t<Mj == gemm::Major::K, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
+
+// One engine configuration. Two consumer warp groups split the tile's rows,
+// so a 128x256 tile gives each a 64x256 fp32 accumulator (128 registers per
+// thread); one producer warp group issues TMA.
+template <gemm::Layout L, int BM_, int BN_, int Stages_>
+struct TileConfig {
+  static constexpr gemm::Layout kLayout = L;
+  static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
+  static constexpr int kBM = BM_, kBN = BN_, kBK = 64, kStages = Stages_;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  using BM = Int<kBM>;
+  using BN = Int<kBN>;
+  using BK = Int<kBK>;
+  using RingA = SmemRing<kMajorA, kBM, kBK, kStages>;
+  using RingB = SmemRing<kMajorB, kBN, kBK, kStages>;
+  using MmaOp = decltype(GMMA::ss_op_selector<bf16, bf16, float, Shape<Int<kBM / kConsumerWGs>, BN, BK>,
+                                              kGmmaMajor<kMajorA>, kGmmaMajor<kMajorB>>());
+  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  // TMA fills out-of-bounds box elements with zeros and still counts them, so
+  // every stage, edge tiles included, lands exactly this many bytes.
+  static constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * sizeof(bf16);
+  static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
+};
+
+// The global operand as a (rows, K) tensor; rows is M for A and N for B.
+// Row-major JAX storage makes the contiguous extent the leading dimension.
+template <gemm::Major Mj>
+CUTE_HOST_DEVICE auto gmem_operand(const bf16* p, int rows, int k) {
+  if constexpr (Mj == gemm::Major::K)
+    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(int64_t(k), _1{}));
+  else
+    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(_1{}, int64_t(rows)));
+}
+
+template <gemm::Major Mj, class Ring>
+auto make_operand_tma(const bf16* p, int rows, int k) {
+  return make_tma_copy(SM90_TMA_LOAD{}, gmem_operand<Mj>(p, rows, k), Ring{}(_, _, Int<0>{}));
+}
+
+// Kernel parameters: passed as a __grid_constant__ so the TMA descriptors stay
+// in parameter space, where TMA may read them.
+template <class Cfg>
+struct Params {
+  using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1));
+  using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1));
+  TmaA tma_a;
+  TmaB tma_b;
+  void* c;
+  int M, N, K;
+};
+
+// Why a problem cannot run on this engine, or nullptr. TMA needs 16-byte
+// aligned bases and leading dimensions that are multiples of 16 bytes; the
+// caller falls back to the portable engine otherwise.
+inline const char* unsupported(const gemm::Problem& p, gemm::Layout l) {
+  auto misaligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) != 0; };
+  if (p.M <= 0 || p.N <= 0 || p.K <= 0) return "empty problem";
+  if (misaligned(p.a) || misaligned(p.b) || misaligned(p.c)) return "operand not 16-byte aligned";
+  const int lda = gemm::major_a(l) == gemm::Major::K ? p.K : p.M;
+  const int ldb = gemm::major_b(l) == gemm::Major::K ? p.K : p.N;
+  if (lda % 8 || ldb % 8) return "leading dimension not a multiple of 8 elements";
+  return nullptr;
+}
+
+template <class Cfg>
+Params<Cfg> make_params(const gemm::Problem& p) {
+  const auto* a = static_cast<const bf16*>(p.a);
+  const auto* b = static_cast<const bf16*>(p.b);
+  return Params<Cfg>{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K),
+                     make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(b, p.N, p.K), p.c, p.M, p.N, p.K};
+}
+
+// Shared memory of one CTA. The rings need 1024-byte alignment (the swizzle
+// pattern repeats every 8 rows of 128 bytes); the kernel aligns the base.
+template <class Cfg>
+struct SharedStorage {
+  alignas(1024) uint16_t a[cosize_v<typename Cfg::RingA>];
+  alignas(1024) uint16_t b[cosize_v<typename Cfg::RingB>];
+  uint64_t full[Cfg::kStages];   // stage landed (TMA transaction bytes)
+  uint64_t empty[Cfg::kStages];  // stage free again (every consumer warp done reading)
+  uint64_t claim_full[2];        // claim slot written by the producer
+  uint64_t claim_empty[2];       // claim slot read by every consumer warp
+  gemm::TileCoord claim[2];
+  int claim_valid[2];
+
+  CUTE_DEVICE bf16* sa() { return reinterpret_cast<bf16*>(a); }
+  CUTE_DEVICE bf16* sb() { return reinterpret_cast<bf16*>(b); }
+  static constexpr size_t kLaunchBytes = sizeof(SharedStorage) + 1024;  // + base alignment slack
+};
+
+}  // namespace kosmos::sm90

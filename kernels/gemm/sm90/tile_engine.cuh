@@ -1,0 +1,176 @@
+// Hopper tile engine: the schedule. One CTA = one producer warp group (a
+// single thread issues TMA) + two consumer warp groups (WGMMA), joined by a
+// ring of shared-memory stages guarded by mbarriers.
+//
+// Interface for persistent kernels: every thread of the CTA calls
+// run(params, smem, scheduler, hooks). The producer thread claims tiles from
+// the scheduler and broadcasts each claim through a 2-slot shared-memory
+// mailbox; consumers compute "output tile (m, n) of this problem" for every
+// claim they receive. The producer runs ahead into the next tile while the
+// consumers finish and store the current one. Hooks: gemm/tile_hooks.h.
+#pragma once
+#include "gemm/sm90/barrier.cuh"
+#include "gemm/sm90/epilogue.cuh"
+#include "gemm/sm90/tile_config.cuh"
+#include "gemm/tile_hooks.h"
+
+namespace kosmos::sm90 {
+
+// Position in a ring of n slots and the phase parity of the slot's barrier.
+struct Ring {
+  int slot = 0;
+  uint32_t phase = 0;
+  CUTE_DEVICE void advance(int n) {
+    if (++slot == n) slot = 0, phase ^= 1;
+  }
+};
+
+template <class Cfg, class OutT, class Hooks>
+struct TileEngine {
+  using P = Params<Cfg>;
+  using S = SharedStorage<Cfg>;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using BK = typename Cfg::BK;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
+  static constexpr uint32_t kConsumerBarrier = 1;                // named barrier id
+
+  // One thread: barrier counts, then make them visible to TMA and all threads.
+  static CUTE_DEVICE void init(const P& p, S& s) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < kStages; ++i) {
+        mbar_init(&s.full[i], 1);  // the producer's arrive_expect_tx
+        mbar_init(&s.empty[i], Cfg::kConsumerWarps);
+      }
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(&s.claim_full[i], 1);
+        mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps);
+      }
+      mbar_init_fence();
+      prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
+      prefetch_tma_descriptor(p.tma_b.get_tma_descriptor());
+    }
+    __syncthreads();
+  }
+
+  // Producer thread: stream tile t's k-blocks of A and B into the ring.
+  static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
+    Tensor gA = local_tile(p.tma_a.get_tma_tensor(make_shape(p.M, p.K)), make_shape(BM{}, BK{}), make_coord(t.m, _));
+    Tensor gB = local_tile(p.tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
+    Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
+    // (TMA, k-block) sources and (TMA, stage) destinations; no cluster multicast.
+    auto [tAg, tAs] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+    auto [tBg, tBs] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+    h.before_tile(t);
+    const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
+    for (int k = 0; k < kblocks; ++k) {
+      h.before_k(t, k * Cfg::kBK);
+      mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
+      mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
+      copy(p.tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
+      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
+      ring.advance(kStages);
+    }
+  }
+
+  // Consumer warp: stage `slot` may be overwritten once this warp's wgmmas
+  // that read it have completed.
+  static CUTE_DEVICE void release(S& s, int slot) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(&s.empty[slot]);
+  }
+
+  // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
+  // batch in flight so the tensor cores never wait for the release handshake.
+  template <class Thr, class Acc>
+  static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, const Thr& thr, Acc& acc) {
+    typename Cfg::TiledMma mma;
+    Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
+    Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, MMA_M, MMA_K, stage) descriptors
+    Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
+    mma.accumulate_ = GMMA::ScaleOut::Zero;  // the first wgmma overwrites: no separate clear
+    const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
+    int prev = -1;
+    for (int k = 0; k < kblocks; ++k) {
+      mbar_wait(&s.full[ring.slot], ring.phase, "stage full");
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(fA); ++kb) {
+        cute::gemm(mma, fA(_, _, kb, ring.slot), fB(_, _, kb, ring.slot), acc);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous k-block's batch is done: free its stage
+      warpgroup_fence_operand(acc);
+      if (prev >= 0) release(s, prev);
+      prev = ring.slot;
+      ring.advance(kStages);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    if (prev >= 0) release(s, prev);
+  }
+
+  // Consumers: compute and store output tile t. ctid is the thread's index
+  // among the consumer threads.
+  static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid) {
+    typename Cfg::TiledMma mma;
+    auto thr = mma.get_thread_slice(ctid);
+    Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
+    mainloop(p, s, ring, thr, acc);
+    store_tile<Cfg, OutT>(p, thr, acc, t);
+    if constexpr (Hooks::kTileDone) {
+      named_barrier(kConsumerBarrier, 128 * Cfg::kConsumerWGs);  // every store of the tile issued
+      if (ctid == 0) h.tile_done(t);
+    }
+  }
+
+  // Producer thread: claim, broadcast, load; a final invalid claim ends the CTA.
+  template <class Sched>
+  static CUTE_DEVICE void produce_all(const P& p, S& s, Sched& sched, Hooks& h) {
+    Ring stages, mailbox;
+    for (;;) {
+      gemm::TileCoord t{0, 0};
+      const bool ok = sched.next(t);
+      mbar_wait(&s.claim_empty[mailbox.slot], mailbox.phase ^ 1, "claim slot empty");
+      s.claim[mailbox.slot] = t;
+      s.claim_valid[mailbox.slot] = ok;
+      mbar_arrive(&s.claim_full[mailbox.slot]);  // release: the slot's stores travel with it
+      if (!ok) return;
+      produce_tile(p, s, stages, t, h);
+      mailbox.advance(2);
+    }
+  }
+
+  static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int ctid) {
+    Ring stages, mailbox;
+    for (;;) {
+      mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full");
+      const gemm::TileCoord t = s.claim[mailbox.slot];
+      const bool ok = s.claim_valid[mailbox.slot] != 0;
+      __syncwarp();  // every lane has read the slot before the warp frees it
+      if (threadIdx.x % 32 == 0) mbar_arrive(&s.claim_empty[mailbox.slot]);
+      if (!ok) return;
+      consume_tile(p, s, stages, t, h, ctid);
+      mailbox.advance(2);
+    }
+  }
+
+  // Entry point for every thread of a CTA of Cfg::kThreads threads.
+  template <class Sched>
+  static CUTE_DEVICE void run(const P& p, S& s, Sched& sched, Hooks& h) {
+    init(p, s);
+    if (threadIdx.x < 128) {
+      regs_dealloc<kProducerRegs>();
+      if (threadIdx.x == 0) produce_all(p, s, sched, h);
+    } else {
+      regs_alloc<kConsumerRegs>();
+      consume_all(p, s, h, threadIdx.x - 128);
+    }
+  }
+};
+
+}  // namespace kosmos::sm90

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the standalone tile-GEMM driver (benchmarks/gemm_standalone) with nvcc
+# for sm_90a, check the Hopper engine against the portable oracle, then time it
+# against cuBLAS. Logs go to $OUT (or ./out).
+#   SHAPES=quick|all|none   which of the paper's shapes to time (default quick)
+#   CUTLASS_INCLUDE=DIR     CuTe/CUTLASS headers; default: the nvidia-cutlass
+#                           package (installed from .whl/ when not importable)
+# Never changes clocks or resets the GPU; uses no NVLink multicast.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+SHAPES=${SHAPES:-quick}
+BUILD=${BUILD:-build/gemm_standalone}; mkdir -p "$BUILD"
+SRC=benchmarks/gemm_standalone
+
+if [ -z "${CUTLASS_INCLUDE:-}" ]; then
+  if ! $PY -c "import cutlass_library" 2>/dev/null && ls .whl/nvidia_cutlass*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/nvidia_cutlass*.whl
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  fi
+  CUTLASS_INCLUDE=$($PY -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
+fi
+[ -d "$CUTLASS_INCLUDE/cute" ] || { echo "no CuTe headers at $CUTLASS_INCLUDE"; exit 1; }
+
+# -gencode form: the -arch=sm_90a shorthand also runs a plain sm_90 pass that rejects wgmma (HOPPER.md).
+FLAGS="-gencode=arch=compute_90a,code=sm_90a -std=c++17 --expt-relaxed-constexpr -O3 -Xptxas -v
+       -I$CUTLASS_INCLUDE -Ikernels -Ikernels/include"
+t0=$(date +%s)
+pids=()
+for f in main bench portable sm90_tn sm90_nn sm90_nt; do
+  nvcc $FLAGS -c $SRC/$f.cu -o $BUILD/$f.o > "$OUT/build_$f.log" 2>&1 & pids+=($!)
+done
+fail=0
+for p in "${pids[@]}"; do wait $p || fail=1; done
+if [ $fail = 1 ]; then echo "BUILD FAILED"; grep -h -B2 -A8 "error" "$OUT"/build_*.log | head -80; exit 1; fi
+nvcc -gencode=arch=compute_90a,code=sm_90a $BUILD/*.o -lcublas -o $BUILD/gemm_bench > "$OUT/build_link.log" 2>&1 \
+  || { echo "LINK FAILED"; cat "$OUT/build_link.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+grep -h "registers\|stack\|C75" "$OUT"/build_sm90_*.log | sort | uniq -c
+
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/env.log" 2>&1
+timeout 180 $BUILD/gemm_bench check 2>&1 | tee "$OUT/check.log"
+check_rc=${PIPESTATUS[0]}
+[ "$SHAPES" = none ] && exit $check_rc
+
+# Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.
+if [ "$SHAPES" = quick ]; then grep -E "MBS[12] " $SRC/paper_shapes.txt; else cat $SRC/paper_shapes.txt; fi > "$OUT/shapes.txt"
+timeout ${BENCH_TIMEOUT:-300} $BUILD/gemm_bench bench "$OUT/shapes.txt" 2>&1 | tee "$OUT/bench.log"
+exit $check_rc
