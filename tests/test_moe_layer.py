@@ -156,7 +156,7 @@ def _skewed(cfg, dtype):
   # Skewed but not saturated: a saturated softmax makes its own gradient pure
   # cancellation noise in fp32, in the oracle as much as in the layer.
   rw[1:] *= 0.3
-  rw[0, 0], rw[0, 1] = 2.5, 1.5
+  rw[0, 0], rw[0, 1] = 3.0, 1.5
   p["router_w"] = jnp.asarray(rw, dtype)
   return p, jnp.asarray(x, dtype)
 
@@ -170,7 +170,7 @@ def test_skewed_routing_overflow_never_drops(capacity_factor, ep, expect_overflo
   cfg = SOFTMAX.replace(capacity_factor=capacity_factor)
   p, x = _skewed(cfg, jnp.float32)
   idx = np.asarray(moe.route(x, p["router_w"], cfg).indices)
-  assert np.mean(idx[:, 0] == 0) > 0.9, "test setup: routing is not skewed"
+  assert np.mean(idx[:, 0] == 0) > 0.8, "test setup: routing is not skewed"
   *_, over = _plan_dispatch(cfg, ep, x, jnp.asarray(idx, jnp.int32), cfg.capacity(T // ep))
   assert bool(np.asarray(over).all()) == expect_overflow and np.asarray(over).all() == np.asarray(over).any()
   _compare(*_grads(cfg, ep, x, p, fresh((T, cfg.hidden))), jnp.float32)
