@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # HIP compile check of the single-source device code (DESIGN.md §1): compiles the
-# AG+GEMM kernel and the shared headers with hipcc for an MI300-class target,
+# AG+GEMM kernel and the shared headers with hipcc for an AMD target (gfx90a by default),
 # syntax only (no ROCm runtime needed). Debian: `apt-get install hipcc` provides it.
-# NOT yet run anywhere: hipcc was not installed on the machines of the first session.
+# Run by tests/test_hip_compile.py; CI installs Debian's hipcc (ROCm 5.2) for it.
 set -euo pipefail
 HIPCC=${HIPCC:-hipcc}
-ARCH=${KOSMOS_HIP_ARCH:-gfx942}
+ARCH=${KOSMOS_HIP_ARCH:-gfx90a}
+# hipcc would pick the NVIDIA platform where nvcc exists; this check is for AMD.
+export HIP_PLATFORM=${HIP_PLATFORM:-amd}
 command -v "$HIPCC" >/dev/null || { echo "hip_check: $HIPCC not found (apt-get install hipcc)"; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TU=$(mktemp --suffix=.hip)

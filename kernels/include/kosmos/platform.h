@@ -116,21 +116,22 @@ KOSMOS_DEVICE uint64_t now_ns() { return wall_clock64() * 10ull; }
 [[noreturn]] KOSMOS_DEVICE void trap() { __builtin_trap(); }
 #else
 // Host code (the CPU emulation, and nvcc's host pass over the same headers):
-// the same orders through the compiler's atomic builtins.
-inline uint64_t ld_acquire_sys(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline uint64_t ld_acquire_gpu(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void st_release_sys(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-inline void st_release_gpu(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-inline uint32_t claim_u32(uint32_t* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_RELAXED); }
-inline uint32_t ld_relaxed_u32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-inline uint32_t add_acq_rel_gpu_u32(uint32_t* p, uint32_t v) {
+// the same orders through the compiler's atomic builtins. KOSMOS_HD because
+// clang's HIP host pass type-checks __device__ callers against these too.
+KOSMOS_HD inline uint64_t ld_acquire_sys(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+KOSMOS_HD inline uint64_t ld_acquire_gpu(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+KOSMOS_HD inline void st_release_sys(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+KOSMOS_HD inline void st_release_gpu(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+KOSMOS_HD inline uint32_t claim_u32(uint32_t* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_RELAXED); }
+KOSMOS_HD inline uint32_t ld_relaxed_u32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+KOSMOS_HD inline uint32_t add_acq_rel_gpu_u32(uint32_t* p, uint32_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
-inline uint64_t now_ns() {
+KOSMOS_HD inline uint64_t now_ns() {
   return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-[[noreturn]] inline void trap() { std::fflush(stdout); std::abort(); }
+[[noreturn]] KOSMOS_HD inline void trap() { std::fflush(stdout); std::abort(); }
 #endif
 
 }  // namespace kosmos

@@ -11,11 +11,23 @@ using half_t = __half;
 using bf16_t = __nv_bfloat16;
 }  // namespace kosmos
 #elif defined(KOSMOS_HIP)
-#include <hip/hip_bf16.h>
 #include <hip/hip_fp16.h>
+#if __has_include(<hip/hip_bf16.h>)
+#include <hip/hip_bf16.h>
+namespace kosmos {
+using bf16_t = __hip_bfloat16;
+}  // namespace kosmos
+#else
+// ROCm before 5.7 (Debian ships 5.2) has only the older class type, which
+// converts through its own operators; KOSMOS_HIP_LEGACY_BF16 selects them below.
+#include <hip/hip_bfloat16.h>
+#define KOSMOS_HIP_LEGACY_BF16 1
+namespace kosmos {
+using bf16_t = hip_bfloat16;
+}  // namespace kosmos
+#endif
 namespace kosmos {
 using half_t = __half;
-using bf16_t = __hip_bfloat16;
 }  // namespace kosmos
 #endif
 
@@ -24,7 +36,11 @@ namespace kosmos {
 
 KOSMOS_DEVICE float to_f32(float x) { return x; }
 KOSMOS_DEVICE float to_f32(half_t x) { return __half2float(x); }
+#ifdef KOSMOS_HIP_LEGACY_BF16
+KOSMOS_DEVICE float to_f32(bf16_t x) { return static_cast<float>(x); }
+#else
 KOSMOS_DEVICE float to_f32(bf16_t x) { return __bfloat162float(x); }
+#endif
 
 template <typename T>
 KOSMOS_DEVICE T from_f32(float x);
@@ -32,8 +48,13 @@ template <>
 KOSMOS_DEVICE float from_f32<float>(float x) { return x; }
 template <>
 KOSMOS_DEVICE half_t from_f32<half_t>(float x) { return __float2half_rn(x); }
+#ifdef KOSMOS_HIP_LEGACY_BF16
+template <>
+KOSMOS_DEVICE bf16_t from_f32<bf16_t>(float x) { return bf16_t(x); }  // rounds to nearest even
+#else
 template <>
 KOSMOS_DEVICE bf16_t from_f32<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+#endif
 
 // L2-only scalar load (see transport.h: rows written by movers of this kernel).
 template <typename T>
