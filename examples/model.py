@@ -10,6 +10,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kosmos_jax import nn as knn
+from kosmos_jax.moe import MoEConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,12 +102,15 @@ class Block(nnx.Module):
     return x + out, aux
 
 
+def moe_config(cfg: Config):
+  return MoEConfig(num_experts=cfg.num_experts, top_k=cfg.top_k, hidden=cfg.hidden,
+                   expert_intermediate=cfg.expert_intermediate, score="softmax",
+                   norm_topk_prob=True, aux_loss_coeff=1e-2, capacity_factor=2.0)
+
+
 def _moe(cfg: Config, *, mesh, rngs):
-  from kosmos_jax.moe import MoEConfig
-  moe_cfg = MoEConfig(num_experts=cfg.num_experts, top_k=cfg.top_k, hidden=cfg.hidden,
-                      expert_intermediate=cfg.expert_intermediate, score="softmax",
-                      norm_topk_prob=True, aux_loss_coeff=1e-2, capacity_factor=2.0)
-  return knn.MoE(moe_cfg, mesh=mesh, ep_axis="tp", dp_axis="dp", rngs=rngs)
+  """Experts over the tp axis: the tokens are already sequence-sharded over it."""
+  return knn.MoE(moe_config(cfg), mesh=mesh, ep_axis="tp", dp_axis="dp", rngs=rngs)
 
 
 class Decoder(nnx.Module):

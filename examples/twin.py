@@ -8,7 +8,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from model import causal_attention, cross_entropy, rms_norm
+from kosmos_jax import moe as moe_lib
+from model import causal_attention, cross_entropy, moe_config, rms_norm
 
 
 def host_params(model):
@@ -22,8 +23,28 @@ def _mlp(p, x):
   return (jax.nn.silu(x @ gu[:, 0]) * (x @ gu[:, 1])) @ down
 
 
-def forward(cfg, p, tokens):
+def _moe(cfg, p, x, dp: int):
+  """Dense MoE: every expert on every token, weighted by the router (zero if not
+  chosen); the aux loss per dp replica's tokens (the EP group), then averaged."""
+  mcfg = moe_config(cfg)
+  ys, auxes = [], []
+  for xs in jnp.split(x, dp, axis=0):
+    t = xs.reshape(-1, cfg.hidden)  # [tokens, h]
+    r = moe_lib.route(t, p["router_w"], mcfg)
+    onehot = jax.nn.one_hot(r.indices, mcfg.num_experts, dtype=jnp.float32)  # [t, k, E]
+    gate = jnp.einsum("tk,tke->te", r.weights, onehot)  # [t, E]
+    h = jnp.einsum("th,ehf->etf", t, p["w1"])  # [E, t, 2I]
+    g, u = jnp.split(h, 2, axis=-1)
+    out = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, p["w2"])  # [E, t, h]
+    ys.append(jnp.einsum("te,eth->th", gate, out).reshape(xs.shape).astype(x.dtype))
+    auxes.append(moe_lib.aux_loss(r, mcfg))
+  return jnp.concatenate(ys, 0), jnp.mean(jnp.stack(auxes))
+
+
+def forward(cfg, p, tokens, dp: int = 1):
+  """(logits, aux loss) of the unsharded model; `dp` only groups the MoE aux loss."""
   x = p["embed"][tokens]
+  aux = jnp.zeros((), jnp.float32)
   head_dim = cfg.hidden // cfg.heads
   for i in range(cfg.layers):
     b = p["blocks"][i]
@@ -31,13 +52,22 @@ def forward(cfg, p, tokens):
     a = causal_attention(h @ b["attn"]["q"]["kernel"], h @ b["attn"]["k"]["kernel"],
                          h @ b["attn"]["v"]["kernel"], head_dim)
     x = x + a @ b["attn"]["o"]["kernel"]
+    h = rms_norm(x, b["norm2"], cfg.eps)
     if cfg.moe:
-      raise NotImplementedError("the dense twin of the MoE block lives in kosmos_jax's MoE oracle")
-    x = x + _mlp(b["ffn"], rms_norm(x, b["norm2"], cfg.eps))
-  return rms_norm(x, p["norm"], cfg.eps) @ p["head"]
+      y, a = _moe(cfg, b["ffn"], h, dp)
+      x, aux = x + y, aux + a
+    else:
+      x = x + _mlp(b["ffn"], h)
+  return rms_norm(x, p["norm"], cfg.eps) @ p["head"], aux
 
 
-def train(cfg, params, data, steps: int, lr: float):
+def loss(cfg, params, x, y, dp: int = 1) -> float:
+  """The twin's loss at given host parameters on one batch (one device)."""
+  logits, aux = forward(cfg, params, jnp.asarray(x), dp)
+  return float(cross_entropy(logits, jnp.asarray(y)) + aux)
+
+
+def train(cfg, params, data, steps: int, lr: float, dp: int = 1):
   """Same optimizer, same batches, one device: the loss curve to compare against."""
   dev = jax.devices()[0]
   params = jax.device_put(params, dev)
@@ -46,7 +76,11 @@ def train(cfg, params, data, steps: int, lr: float):
 
   @jax.jit
   def step(params, state, x, y):
-    loss, g = jax.value_and_grad(lambda q: cross_entropy(forward(cfg, q, x), y))(params)
+    def loss_fn(q):
+      logits, aux = forward(cfg, q, x, dp)
+      return cross_entropy(logits, y) + aux
+
+    loss, g = jax.value_and_grad(loss_fn)(params)
     upd, state = opt.update(g, state, params)
     return optax.apply_updates(params, upd), state, loss
 

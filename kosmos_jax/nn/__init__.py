@@ -3,6 +3,8 @@ from kosmos_jax.nn.linear import ColumnParallelLinear, RowParallelLinear
 from kosmos_jax.nn.linen import (ColumnParallelLinearLinen, ParallelMLPLinen,
                                  RowParallelLinearLinen, to_linen)
 from kosmos_jax.nn.mlp import ParallelMLP
+from kosmos_jax.nn.moe import ExpertBias, MoE, MoELinen
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "to_linen",
-           "ColumnParallelLinearLinen", "RowParallelLinearLinen", "ParallelMLPLinen"]
+           "ColumnParallelLinearLinen", "RowParallelLinearLinen", "ParallelMLPLinen",
+           "MoE", "MoELinen", "ExpertBias"]
