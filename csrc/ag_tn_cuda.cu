@@ -74,10 +74,18 @@ using namespace kosmos;
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
-                           int64_t cu_cap, int64_t movers) {
+                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers) {
   GroupInfo g;
   if (auto err = find_group("kosmos_ag_tn", ordinal, groups, tp, &g); !err.empty())
     return ffi::Error::InvalidArgument(err);
+  // One control block per group (kernels/tp/ag_layout.h): slots[row] of our group.
+  if (tp < 1 || slots.size() * (size_t)tp != groups.size())
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: " + std::to_string(slots.size()) + " control slots for " +
+                                       std::to_string(groups.size() / (tp > 0 ? tp : 1)) + " groups");
+  const int64_t slot = slots[g.row];
+  if (slot < 0 || slot >= kCtrlSlots)
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: control slot " + std::to_string(slot) + " of group row " +
+                                       std::to_string(g.row) + " is outside 0.." + std::to_string(kCtrlSlots - 1));
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() < 2 || wd.size() != 2 || xd.back() != wd[0])
     return ffi::Error::InvalidArgument("kosmos_ag_tn: need x [..., m_local, k] and w [k, n]");
@@ -110,7 +118,7 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + portable::kBN - 1) / portable::kBN)};
-    p.movers = mv; p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    p.movers = mv; p.ctrl_off = ag_ctrl_offset((int)slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     return p;
   };
   switch (x.element_type()) {
@@ -130,5 +138,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,
                                   .Ret<ffi::AnyBuffer>()                     // y [..., tp*m_local, n]
                                   .Attr<ffi::Span<const int64_t>>("groups")  // [n_groups*tp] global ids
                                   .Attr<int64_t>("tp")                       // group size
+                                  .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
                                   .Attr<int64_t>("movers"));                 // -1 = default policy

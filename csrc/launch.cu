@@ -23,6 +23,7 @@ std::string find_group(const char* op, int ordinal, xla::ffi::Span<const int64_t
       out->heaps[r] = Runtime::get().heap_for(ordinal, groups[base + r], &why);
       if (!out->heaps[r]) return std::string(op) + ": device " + std::to_string(me.global_id) + ": " + why;
     }
+    out->row = (int)(base / tp);
     out->sm_count = me.sm_count;
     out->heap_bytes = me.heap_bytes;
     return "";

@@ -12,6 +12,7 @@ namespace kosmos {
 
 struct GroupInfo {
   int rank = -1;
+  int row = -1;  // which group (row of `groups`) holds this device
   int sm_count = 0;
   size_t heap_bytes = 0;
   char* heaps[kMaxRanks] = {};

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 DEFAULT_HEAP_MB = 1024
+MIN_HEAP_MB = 17  # kernels/tp/ag_layout.h: data starts at 16 MiB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,7 @@ def heap_mb_from_env() -> int:
     mb = int(raw)
   except ValueError:
     raise ValueError(f"KOSMOS_HEAP_MB={raw!r} must be an integer number of MiB") from None
-  if mb < 2:
-    raise ValueError(f"KOSMOS_HEAP_MB={mb} must be at least 2 (1 MiB of flags + data)")
+  if mb < MIN_HEAP_MB:
+    raise ValueError(f"KOSMOS_HEAP_MB={mb} must be at least {MIN_HEAP_MB} "
+                     "(16 MiB of control blocks, then data)")
   return mb

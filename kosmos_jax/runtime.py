@@ -5,9 +5,11 @@
   * one process driving all local GPUs: peer access between every pair;
   * one process per GPU (jax.distributed): CUDA IPC handles exchanged through
     JAX's distributed key-value store.
-Fused ops call `init()` at trace time, so kernels never allocate. Groups (lists of
-global device ids from the mesh) are checked with `check_groups`, which refuses a
-group that spans hosts or lacks peer access, naming the devices.
+Fused ops call `init()` at trace time, so kernels never allocate. Each group
+gets its own control block in the heap (`ctrl_slots`), agreed across processes.
+Groups (lists of global device ids from the mesh) are checked with
+`check_groups`, which refuses a group that spans hosts or lacks peer access,
+naming the devices.
 """
 from __future__ import annotations
 
@@ -81,6 +83,82 @@ def _exchange_ipc(mod, local) -> dict:
       continue
     mod.ipc_open(d.id, bytes.fromhex(handle), local[0].local_hardware_id)
   return remote
+
+
+CTRL_SLOTS = 32  # kernels/tp/ag_layout.h kCtrlSlots
+
+
+class LocalStore:
+  """Set-if-absent string store for one process (the single-process mode)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._data: dict[str, str] = {}
+
+  def claim(self, key: str, value: str) -> str:
+    """Stores `value` under `key` unless a value is there; returns the stored one."""
+    with self._lock:
+      return self._data.setdefault(key, value)
+
+
+class KvStore:
+  """The same contract over JAX's distributed key-value store (one process per
+  GPU): key_value_set without overwrite fails for all but the first writer."""
+
+  def __init__(self, client):
+    self._client = client
+
+  def claim(self, key: str, value: str) -> str:
+    try:
+      self._client.key_value_set(key, value)
+      return value
+    except Exception:  # noqa: BLE001 -- already set by another process: read theirs
+      return self._client.blocking_key_value_get(key, _KV_TIMEOUT_MS)
+
+
+class CtrlSlots:
+  """Group (ordered tuple of global device ids) -> control-block slot in every
+  member's heap (kernels/tp/ag_layout.h). Each group gets its own epochs and
+  queues, so calls over different groups never disturb each other's counters.
+
+  A slot is owned by the first group to claim key `kosmos/ctrl_slot/<n>`, lowest
+  n first, in a store shared by every process; so all members agree on a group's
+  slot whatever order each process meets its groups in."""
+
+  def __init__(self, store, n_slots: int = CTRL_SLOTS):
+    self._store, self._n = store, n_slots
+    self._lock = threading.Lock()
+    self._mine: dict[tuple[int, ...], int] = {}
+
+  def slot(self, group) -> int:
+    key = tuple(int(g) for g in group)
+    with self._lock:
+      if key in self._mine:
+        return self._mine[key]
+      name = ",".join(map(str, key))
+      for n in range(self._n):
+        if self._store.claim(f"kosmos/ctrl_slot/{n}", name) == name:
+          self._mine[key] = n
+          return n
+    raise RuntimeError(f"kosmos runtime: group {list(key)} finds all {self._n} control slots taken by other "
+                       "groups; fused ops support at most that many distinct device groups per job")
+
+  def slots(self, groups: np.ndarray) -> np.ndarray:
+    """One slot per row of `groups` (as passed to the kernels)."""
+    return np.array([self.slot(row) for row in np.asarray(groups)], np.int64)
+
+
+_slots: CtrlSlots | None = None
+
+
+def ctrl_slots(groups: np.ndarray) -> np.ndarray:
+  """Control slots of these groups, agreed with every process of the job."""
+  global _slots
+  init()
+  with _lock:
+    if _slots is None:
+      _slots = CtrlSlots(KvStore(_kv_client()) if jax.process_count() > 1 else LocalStore())
+  return _slots.slots(groups)
 
 
 def groups_from_mesh(mesh, axis_name) -> np.ndarray:

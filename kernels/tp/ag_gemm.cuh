@@ -27,6 +27,7 @@ struct AgParams {
   int K, N;
   AgShape shape;
   int movers;
+  size_t ctrl_off;    // this group's control block: ag_ctrl_offset(slot), same on every rank
   size_t slot_bytes;  // bytes per rank slot in the gather region
   uint64_t timeout_ns;
 };
@@ -42,9 +43,9 @@ struct AgDeviceOps {
   AgShared& sm;
   AgCtrl* ctrl;
   uint64_t epoch;
-  bool peers_done;  // this CTA has seen every peer finish epoch-1 with our slot
+  bool peers_done;  // this CTA has seen the data region's last readers finish
 
-  KOSMOS_DEVICE AgCtrl* ctrl_of(int r) const { return reinterpret_cast<AgCtrl*>(p.heap[r] + kAgCtrlOffset); }
+  KOSMOS_DEVICE AgCtrl* ctrl_of(int r) const { return reinterpret_cast<AgCtrl*>(p.heap[r] + p.ctrl_off); }
   KOSMOS_DEVICE char* slot(int r, int src) const { return p.heap[r] + kHeapDataOffset + (size_t)src * p.slot_bytes; }
   KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"ag_tn", p.rank, (int)blockIdx.x, flag, i}; }
 
@@ -72,6 +73,7 @@ struct AgDeviceOps {
     if (threadIdx.x == 0) wait_ge<Scope::kGpu>(arrived_flag(q), epoch, p.timeout_ns, site("arrived", q));
     __syncthreads();
   }
+  KOSMOS_DEVICE void guard_data();
   KOSMOS_DEVICE void move(const AgMove& m, int i);
   KOSMOS_DEVICE void build(const AgBuild& b);
   KOSMOS_DEVICE void finish(int grid);
@@ -87,21 +89,34 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
   *bytes = (r1 - r0) * p.K * sizeof(T);
 }
 
+// Reuse rule: the data region is overwritten (by a publish or a pull) only after
+// every reader of its last writer's launch released done[reader] >= that epoch.
+// That launch may belong to another group (another control slot); each launch
+// waits on its predecessor's readers, so by induction no older reader remains.
+template <typename T>
+KOSMOS_DEVICE void AgDeviceOps<T>::guard_data() {
+  if (peers_done) return;
+  if (threadIdx.x == 0) {
+    const volatile HeapUse* use = reinterpret_cast<const volatile HeapUse*>(p.heap[p.rank] + kHeapUseOffset);
+    const uint64_t slot1 = use->slot_plus1, ep = use->epoch;
+    const int tp = (int)use->tp, me = (int)use->rank;
+    if (slot1 != 0) {
+      const AgCtrl* last = reinterpret_cast<const AgCtrl*>(p.heap[p.rank] + ag_ctrl_offset((int)slot1 - 1));
+      for (int r = 0; r < tp; ++r)
+        if (r != me) wait_ge<Scope::kSys>(&last->done[r], ep, p.timeout_ns, site("done(last use)", r));
+    }
+  }
+  __syncthreads();
+  peers_done = true;
+}
+
 template <typename T>
 KOSMOS_DEVICE void AgDeviceOps<T>::move(const AgMove& m, int i) {
   (void)i;
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
+  guard_data();
   if (m.publish) {
-    // Reuse rule: our slot is overwritten only after every peer released
-    // done[peer] >= epoch-1, i.e. finished pulling the previous epoch from it.
-    if (!peers_done) {
-      if (threadIdx.x == 0)
-        for (int r = 0; r < p.tp; ++r)
-          if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done", r));
-      __syncthreads();
-      peers_done = true;
-    }
     cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
     __syncthreads();  // all writes of the row before the release below
     if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
@@ -141,6 +156,13 @@ KOSMOS_DEVICE void AgDeviceOps<T>::finish(int grid) {
   if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
   for (int r = 0; r < p.tp; ++r)
     if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
+  if (p.tp > 1) {  // only then was the data region written (and read by peers)
+    volatile HeapUse* use = reinterpret_cast<volatile HeapUse*>(p.heap[p.rank] + kHeapUseOffset);
+    use->slot_plus1 = (uint64_t)(p.ctrl_off - kCtrlTableOffset) / kCtrlStride + 1;
+    use->epoch = epoch;
+    use->tp = (uint32_t)p.tp;
+    use->rank = (uint32_t)p.rank;
+  }
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->finished = 0;
@@ -151,7 +173,7 @@ KOSMOS_DEVICE void AgDeviceOps<T>::finish(int grid) {
 template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) ag_tn_kernel(const AgParams<T> p) {
   __shared__ AgShared sm;
-  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + kAgCtrlOffset);
+  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
   // Every CTA reads the epoch before any CTA can finish and advance it.
   const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
   AgDeviceOps<T> ops{p, sm, ctrl, epoch, false};

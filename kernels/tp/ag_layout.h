@@ -1,6 +1,12 @@
 // Where AG+GEMM keeps its state in each device's symmetric heap. Every rank uses
 // the same offsets, so a peer's control block is heap[peer] + the same offset.
 // The heap is zeroed once at allocation; after that only kernels write these words.
+//
+// One control block per group (a slot, agreed by every process at trace time:
+// kosmos_jax/runtime.py CtrlSlots): a device that calls ag_tn over several groups
+// a different number of times keeps one epoch per group, so peers never drift.
+// The data region is shared by all groups; HeapUse records its last writer so
+// the next launch, whatever its group, waits until that launch's readers are done.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,9 +27,24 @@ struct AgCtrl {
   uint64_t arrived[kMaxRanks * kMaxTileRows];  // [src][t]: epoch src's row t landed here
 };
 
-constexpr size_t kAgCtrlOffset = 0;
-constexpr size_t kHeapDataOffset = 1u << 20;  // gather slots start here, 1 MiB in
-static_assert(sizeof(AgCtrl) <= kHeapDataOffset, "AgCtrl must fit below the data region");
+// The last launch that wrote this device's data region (tp > 1 only): its
+// readers are the group's other ranks, done when ctrl[slot].done[r] >= epoch.
+struct HeapUse {
+  uint64_t slot_plus1;  // 0: the data region was never written
+  uint64_t epoch;
+  uint32_t tp, rank;
+};
+
+constexpr int kCtrlSlots = 32;  // distinct groups per job (runtime.py CTRL_SLOTS)
+constexpr size_t kHeapUseOffset = 0;
+constexpr size_t kCtrlTableOffset = 4096;
+constexpr size_t kCtrlStride = (sizeof(AgCtrl) + 4095) / 4096 * 4096;
+constexpr size_t kHeapDataOffset = 16u << 20;  // gather slots start here, 16 MiB in
+static_assert(sizeof(HeapUse) <= kCtrlTableOffset, "HeapUse must fit below the control table");
+static_assert(kCtrlTableOffset + kCtrlSlots * kCtrlStride <= kHeapDataOffset,
+              "the control table must fit below the data region");
+
+inline constexpr size_t ag_ctrl_offset(int slot) { return kCtrlTableOffset + (size_t)slot * kCtrlStride; }
 
 inline size_t ag_slot_bytes(size_t rows, size_t k, size_t elem) {
   return (rows * k * elem + 255) / 256 * 256;  // 256-byte aligned slots

@@ -39,6 +39,7 @@ def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers):
   runtime.check_groups("ag_tn", groups)
   return jax.ffi.ffi_lowering("kosmos_ag_tn")(
       ctx, x, w, groups=np.ascontiguousarray(groups.reshape(-1), np.int64), tp=np.int64(tp),
+      slots=runtime.ctrl_slots(groups),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers))
 
 

@@ -36,8 +36,24 @@ def main():
     f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(None, "tp", None), P()), out_specs=P("tp", None, None)))
     return f(glob(x, P(None, "tp", None)), glob(w, P()))
 
+  # A mesh of this process's GPU alone: its size-1 group has its own control slot
+  # (claimed through the KV store), and each process calls it a different number
+  # of times between the pair calls, so per-device epochs would drift apart.
+  solo = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("tp",))
+  solo_f = jax.jit(jax.shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp"), mesh=solo,
+                                 in_specs=(P(None, "tp", None), P()), out_specs=P("tp", None, None)))
+
+  solo_rng = np.random.default_rng(100 + pid)  # own stream: `rng` must stay in step across processes
   worst = 0.0
   for it in range(6):
+    for _ in range((it + pid) % 3):
+      xs = solo_rng.standard_normal((1, 128, 64)).astype(np.float32)
+      ws = (solo_rng.standard_normal((64, 48)) / 8).astype(np.float32)
+      got = np.asarray(solo_f(jax.device_put(xs, NamedSharding(solo, P(None, "tp", None))),
+                              jax.device_put(ws, NamedSharding(solo, P()))), np.float64)
+      want = xs.astype(np.float64) @ ws
+      err = np.linalg.norm(got - want) / np.linalg.norm(want)
+      assert err <= 1e-5, f"process {pid} iter {it} solo call: rel err {err:.3e}"
     for dtype, kw in ((np.float32, {}), (jnp.bfloat16, dict(cu_cap=1)), (jnp.bfloat16, dict(movers=0))):
       x = rng.standard_normal((2, 384, 160)).astype(dtype)
       w = (rng.standard_normal((160, 200)) / 12).astype(dtype)
