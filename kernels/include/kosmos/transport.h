@@ -29,21 +29,24 @@ KOSMOS_DEVICE Vec16 load_cg(const Vec16* p) {
 
 // Copies `bytes` from src to dst with all threads of the CTA. Both pointers must
 // be 16-byte aligned; a tail that is not a whole vector is copied byte by byte.
-// The caller synchronises (barrier + release) after it.
+// The caller synchronises (barrier + release) after it. InFlight (loads each
+// thread issues before its first store) is a template knob so the transport
+// benchmark (benchmarks/transport/) can sweep it against the default.
+template <int InFlight = kInFlight>
 KOSMOS_DEVICE void cta_copy16(void* dst, const void* src, size_t bytes) {
   const size_t nvec = bytes / kVecBytes;
   auto* d = static_cast<Vec16*>(dst);
   auto* s = static_cast<const Vec16*>(src);
-  const size_t step = (size_t)blockDim.x * kInFlight;
+  const size_t step = (size_t)blockDim.x * InFlight;
   for (size_t base = threadIdx.x; base < nvec; base += step) {
-    Vec16 v[kInFlight];
+    Vec16 v[InFlight];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
+    for (int u = 0; u < InFlight; ++u) {
       const size_t i = base + (size_t)u * blockDim.x;
       if (i < nvec) v[u] = load_cg(s + i);
     }
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
+    for (int u = 0; u < InFlight; ++u) {
       const size_t i = base + (size_t)u * blockDim.x;
       if (i < nvec) d[i] = v[u];
     }
