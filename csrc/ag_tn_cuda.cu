@@ -82,9 +82,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (tp < 1 || slots.size() * (size_t)tp != groups.size())
     return ffi::Error::InvalidArgument("kosmos_ag_tn: " + std::to_string(slots.size()) + " control slots for " +
                                        std::to_string(groups.size() / (tp > 0 ? tp : 1)) + " groups");
-  const int64_t slot = slots[g.row];
-  if (slot < 0 || slot >= kCtrlSlots)
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: control slot " + std::to_string(slot) + " of group row " +
+  const int64_t ctrl_slot = slots[g.row];
+  if (ctrl_slot < 0 || ctrl_slot >= kCtrlSlots)
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: control slot " + std::to_string(ctrl_slot) + " of group row " +
                                        std::to_string(g.row) + " is outside 0.." + std::to_string(kCtrlSlots - 1));
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() < 2 || wd.size() != 2 || xd.back() != wd[0])
@@ -118,7 +118,7 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + portable::kBN - 1) / portable::kBN)};
-    p.movers = mv; p.ctrl_off = ag_ctrl_offset((int)slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    p.movers = mv; p.ctrl_off = ag_ctrl_offset((int)ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     return p;
   };
   switch (x.element_type()) {

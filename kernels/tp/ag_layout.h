@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kosmos/platform.h"
+
 namespace kosmos {
 
 constexpr int kMaxRanks = 8;
@@ -44,7 +46,7 @@ static_assert(sizeof(HeapUse) <= kCtrlTableOffset, "HeapUse must fit below the c
 static_assert(kCtrlTableOffset + kCtrlSlots * kCtrlStride <= kHeapDataOffset,
               "the control table must fit below the data region");
 
-inline constexpr size_t ag_ctrl_offset(int slot) { return kCtrlTableOffset + (size_t)slot * kCtrlStride; }
+KOSMOS_HD constexpr size_t ag_ctrl_offset(int slot) { return kCtrlTableOffset + (size_t)slot * kCtrlStride; }
 
 inline size_t ag_slot_bytes(size_t rows, size_t k, size_t elem) {
   return (rows * k * elem + 255) / 256 * 256;  // 256-byte aligned slots
