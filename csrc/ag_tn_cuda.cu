@@ -101,8 +101,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (tile_rows > kMaxTileRows || kHeapDataOffset + tp * slot > g.heap_bytes)
     return ffi::Error::InvalidArgument(
         "kosmos_ag_tn: " + std::to_string(rows) + " local rows x k=" + std::to_string(K) + " need " +
-        std::to_string((kHeapDataOffset + tp * slot) >> 20) + " MiB of heap (have " +
-        std::to_string(g.heap_bytes >> 20) + " MiB; raise KOSMOS_HEAP_MB) and at most " +
+        std::to_string((kHeapDataOffset + tp * slot + (1u << 20) - 1) >> 20) + " MiB of heap (have " +
+        std::to_string(g.heap_bytes >> 20) + " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) "
+        "before the first kosmos op) and at most " +
         std::to_string(kMaxTileRows * portable::kBM) + " rows");
   if (reinterpret_cast<uintptr_t>(x.untyped_data()) % kVecBytes)
     return ffi::Error::InvalidArgument("kosmos_ag_tn: x is not 16-byte aligned");
