@@ -9,4 +9,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cuda);
 // kosmos_ag_tn: y = allgather_rows(x) @ w, fused (kernels/tp/ag_gemm.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_tn_cuda);
+// kosmos_matmul: one GEMM in layout TN, NN or NT (kernels/gemm; csrc/matmul_cuda.cu).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_matmul_cuda);
 #endif

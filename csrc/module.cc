@@ -12,6 +12,7 @@
 #ifdef KOSMOS_WITH_CUDA
 #include "cuda_info.h"
 #include "launch.h"
+#include "matmul.h"
 #include "runtime.h"
 #endif
 
@@ -35,6 +36,9 @@ static nb::dict Registrations() {
   nb::dict ag_tn;
   ag_tn["CUDA"] = Encapsulate(kosmos_ag_tn_cuda);
   out["kosmos_ag_tn"] = ag_tn;
+  nb::dict matmul;
+  matmul["CUDA"] = Encapsulate(kosmos_matmul_cuda);
+  out["kosmos_matmul"] = matmul;
 #endif
   return out;
 }
@@ -98,5 +102,6 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("ipc_open", &IpcOpen);
   m.def("unreachable", &Unreachable);
   m.def("mapped_ids", [] { return kosmos::Runtime::get().mapped_ids(); });
+  m.def("matmul_engine_runs", &kosmos::matmul_engine_runs);  // test hook: launches per engine
 #endif
 }

@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q --upgrade pip
 # Build requirements are installed into the venv and the build runs without
 # isolation, so jaxlib (the FFI headers) is downloaded once, not per build.
-python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "jax>=0.10.2" cmake ninja
+python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "jax>=0.10.2" "nvidia-cutlass>=4.0" cmake ninja
 python -m pip install -q --no-build-isolation -e ".[test,examples]"
 python - <<'PY'
 from kosmos_jax import _ext

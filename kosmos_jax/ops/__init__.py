@@ -2,6 +2,7 @@
 reference twin (KOSMOS_IMPL=auto|reference|fused, or `impl=` per call)."""
 from kosmos_jax.ops._dispatch import default_impl, fused_status
 from kosmos_jax.ops import _fused_tp  # noqa: F401  (registers the fused kernels)
+from kosmos_jax.ops import _fused_gemm  # noqa: F401  (registers the fused matmul)
 from kosmos_jax.ops.copy import copy
 from kosmos_jax.ops.matmul import matmul
 from kosmos_jax.ops.moe import moe_backward, moe_forward

@@ -6,7 +6,8 @@
 // Every thread of a CTA of kThreads calls run(problem, smem, scheduler,
 // hooks); thread 0 claims each tile and broadcasts it through shared memory.
 // All three layouts, any sizes: loads past the edges read zeros, stores past
-// them are skipped.
+// them are skipped. Operands are InT (bf16 by default; f16 and fp32 too), all
+// arithmetic is fp32 FMA.
 #pragma once
 #include "gemm/elem.h"
 #include "gemm/tile_hooks.h"
@@ -15,7 +16,7 @@
 
 namespace kosmos::portable {
 
-template <gemm::Layout L, class OutT>
+template <gemm::Layout L, class OutT, class InT = gemm::bf16>
 struct TileEngine {
   static constexpr int kBM = 128, kBN = 128, kBK = 16;
   static constexpr int kThreads = 256;
@@ -34,7 +35,7 @@ struct TileEngine {
 
   // Operand element (row, k) of a rows x K operand of the given major, or 0 past the edge.
   template <gemm::Major Mj>
-  static KOSMOS_DEVICE float load(const gemm::bf16* p, int rows, int K, int r, int k) {
+  static KOSMOS_DEVICE float load(const InT* p, int rows, int K, int r, int k) {
     if (r >= rows || k >= K) return 0.f;
     return gemm::load_f32(Mj == gemm::Major::K ? p + (size_t)r * K + k : p + (size_t)k * rows + r);
   }
@@ -42,7 +43,7 @@ struct TileEngine {
   // Stages one (kTile x kBK) operand block in smem; thread order follows the
   // contiguous index so global loads coalesce in either major.
   template <gemm::Major Mj, int kTile>
-  static KOSMOS_DEVICE void stage(const gemm::bf16* p, int rows, int K, int r0, int k0, float (*dst)[kTile]) {
+  static KOSMOS_DEVICE void stage(const InT* p, int rows, int K, int r0, int k0, float (*dst)[kTile]) {
     for (int idx = threadIdx.x; idx < kTile * kBK; idx += kThreads) {
       const int r = Mj == gemm::Major::K ? idx / kBK : idx % kTile;
       const int k = Mj == gemm::Major::K ? idx % kBK : idx / kTile;
@@ -85,8 +86,8 @@ struct TileEngine {
   // hooks.before_tile(t); before_k runs on thread 0 ahead of each k-block.
   template <class Hooks>
   static KOSMOS_DEVICE void tile(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
-    const auto* A = static_cast<const gemm::bf16*>(p.a);
-    const auto* B = static_cast<const gemm::bf16*>(p.b);
+    const auto* A = static_cast<const InT*>(p.a);
+    const auto* B = static_cast<const InT*>(p.b);
     Acc acc;
 #pragma unroll
     for (int i = 0; i < kSub; ++i)
@@ -127,9 +128,9 @@ struct TileEngine {
 };
 
 // Whole-GEMM kernel over the portable engine with a plain row-major tile order.
-template <gemm::Layout L, class OutT>
+template <gemm::Layout L, class OutT, class InT = gemm::bf16>
 __global__ void __launch_bounds__(256) portable_gemm(gemm::Problem p) {
-  using E = TileEngine<L, OutT>;
+  using E = TileEngine<L, OutT, InT>;
   __shared__ typename E::Smem s;
   const gemm::SwizzledOrder order{gemm::ceil_div(p.M, E::kBM), gemm::ceil_div(p.N, E::kBN), 1};
   gemm::StaticScheduler sched(order, blockIdx.x, gridDim.x);

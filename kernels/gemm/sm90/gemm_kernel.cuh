@@ -5,6 +5,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "gemm/sm90/tile_engine.cuh"
 #include "gemm/tile_order.h"
 
@@ -25,25 +27,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid
   TileEngine<Cfg, OutT, gemm::NoHooks>::run(p, s, sched, hooks);
 }
 
-// Launches C = A . B for problem `prob` on `grid` CTAs (<= 0: one per SM,
-// capped at the tile count). Returns cudaErrorInvalidValue when the problem
-// does not suit TMA (see unsupported()); the caller then uses the portable
-// engine. Single-device helper: the smem limit and SM count are set up once
-// per instantiation (an FFI handler does this per device, at instantiate time).
+constexpr int kMaxDevices = 64;
+
+// Once per (instantiation, device): raises the kernel's dynamic shared-memory
+// limit on the current device (which also loads its module there) and returns
+// the device's SM count in *sms. Function attributes are per device, so the
+// cache is too; racing first calls both set the same attribute, harmlessly.
+template <class Cfg, class OutT>
+cudaError_t prepare_gemm(int* sms) {
+  static std::atomic<int> cached[kMaxDevices];  // 0 until that device is set up
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if ((*sms = cached[dev].load(std::memory_order_acquire)) != 0) return cudaSuccess;
+  err = cudaFuncSetAttribute(persistent_gemm<Cfg, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)SharedStorage<Cfg>::kLaunchBytes);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess) cached[dev].store(*sms, std::memory_order_release);
+  return err;
+}
+
+// Launches C = A . B for problem `prob` on the current device with `grid` CTAs
+// (<= 0: one per SM; always capped at the tile count). Returns
+// cudaErrorInvalidValue when the problem does not suit TMA (see
+// unsupported()); the caller then uses the portable engine.
 template <class Cfg, class OutT>
 cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream) {
   if (unsupported(prob, Cfg::kLayout)) return cudaErrorInvalidValue;
+  int sms = 0;
+  cudaError_t err = prepare_gemm<Cfg, OutT>(&sms);
+  if (err != cudaSuccess) return err;
   const Params<Cfg> p = make_params<Cfg>(prob);
   const size_t smem = SharedStorage<Cfg>::kLaunchBytes;
   auto kernel = persistent_gemm<Cfg, OutT>;
-  static int sms = 0;  // first launch per instantiation: raise the smem limit, read the SM count
-  if (sms == 0) {
-    int dev = 0;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err == cudaSuccess) err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-  }
   const int tiles = gemm::ceil_div(prob.M, Cfg::kBM) * gemm::ceil_div(prob.N, Cfg::kBN);
   if (grid <= 0) grid = sms;
   grid = grid < tiles ? grid : tiles;

@@ -13,6 +13,7 @@
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include "gemm/sm90/tile_choice.h"  // unsupported(): which problems TMA can describe
 #include "gemm/tile_problem.h"
 
 namespace kosmos::sm90 {
@@ -84,19 +85,6 @@ struct Params {
   void* c;
   int M, N, K;
 };
-
-// Why a problem cannot run on this engine, or nullptr. TMA needs 16-byte
-// aligned bases and leading dimensions that are multiples of 16 bytes; the
-// caller falls back to the portable engine otherwise.
-inline const char* unsupported(const gemm::Problem& p, gemm::Layout l) {
-  auto misaligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) != 0; };
-  if (p.M <= 0 || p.N <= 0 || p.K <= 0) return "empty problem";
-  if (misaligned(p.a) || misaligned(p.b) || misaligned(p.c)) return "operand not 16-byte aligned";
-  const int lda = gemm::major_a(l) == gemm::Major::K ? p.K : p.M;
-  const int ldb = gemm::major_b(l) == gemm::Major::K ? p.K : p.N;
-  if (lda % 8 || ldb % 8) return "leading dimension not a multiple of 8 elements";
-  return nullptr;
-}
 
 template <class Cfg>
 Params<Cfg> make_params(const gemm::Problem& p) {

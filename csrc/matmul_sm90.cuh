@@ -1,0 +1,18 @@
+// Definition of sm90_gemm_launch<L>, included by exactly one translation unit
+// per layout (csrc/matmul_sm90_{tn,nn,nt}.cu).
+#pragma once
+#include "gemm/elem.h"
+#include "gemm/sm90/gemm_kernel.cuh"
+#include "matmul_sm90.h"
+
+namespace kosmos {
+
+// Per layout: 128x256 with 4 stages or 128x128 with 6 (both fill ~200 KB of smem).
+template <gemm::Layout L>
+cudaError_t sm90_gemm_launch(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s) {
+  using sm90::TileConfig;
+  if (t == sm90::TileShape::k128x256) return sm90::launch_gemm<TileConfig<L, 128, 256, 4>, gemm::bf16>(p, grid, s);
+  return sm90::launch_gemm<TileConfig<L, 128, 128, 6>, gemm::bf16>(p, grid, s);
+}
+
+}  // namespace kosmos

@@ -1,0 +1,8 @@
+// Hopper engine for the TN layout of kosmos_matmul (sm_90a only).
+#include "matmul_sm90.cuh"
+
+namespace kosmos {
+cudaError_t sm90_gemm_tn(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s) {
+  return sm90_gemm_launch<gemm::Layout::TN>(t, p, grid, s);
+}
+}  // namespace kosmos

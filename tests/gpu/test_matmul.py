@@ -1,0 +1,116 @@
+"""Standalone GEMM (kosmos_matmul) on one GPU, each layout against its reference twin
+computed in fp32 at HIGHEST precision (XLA's GPU default for f32 is TF32). Outputs
+are poisoned with NaN before every launch (tests/gpu/conftest.py), so an unwritten
+element fails. Which engine ran is read from the extension's launch counters."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kosmos_jax import ops, reference
+from kosmos_jax.ops._fused_gemm import engine_runs
+from helpers import P, assert_close, fresh, put, shard_map
+
+SM90 = ("sm90_128x256", "sm90_128x128")
+
+
+def _gpu():
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if not gpus:
+    pytest.skip("no GPU visible to JAX")
+  return gpus[0]
+
+
+def _operands(layout, batch, m, k, n, dtype):
+  """Fresh operands in ops.matmul's terms (see kosmos_jax/reference/matmul.py)."""
+  a = fresh((*batch, m, n if layout == "NN" else k), dtype)
+  b = fresh((*batch, m, n) if layout == "NT" else (k, n), dtype)
+  return jax.device_put(a, _gpu()), jax.device_put(b, _gpu())
+
+
+def _twin_f32(a, b, layout):
+  with jax.default_matmul_precision("highest"):
+    return reference.matmul(a.astype(jnp.float32), b.astype(jnp.float32), layout=layout)
+
+
+def _expected_engines(layout, k, n, dtype):
+  """sm90 for bf16 on cc 9.0 when TMA can describe the operands, else portable."""
+  hopper = getattr(_gpu(), "compute_capability", "") == "9.0"
+  aligned = n % 8 == 0 and (layout == "NN" or k % 8 == 0)  # leading dims (tile_choice.h: unsupported)
+  return SM90 if (hopper and aligned and dtype == jnp.bfloat16) else ("portable",)
+
+
+def _run(a, b, layout, **kw):
+  before = engine_runs()
+  y = jax.block_until_ready(ops.matmul(a, b, layout=layout, impl="fused", **kw))
+  after = engine_runs()
+  ran = tuple(e for e in after if after[e] != before[e])
+  return y, ran
+
+
+def _check(layout, batch, m, k, n, dtype, cu_cap=None):
+  a, b = _operands(layout, batch, m, k, n, dtype)
+  y, ran = _run(a, b, layout, cu_cap=cu_cap)
+  ref = _twin_f32(a, b, layout)
+  assert y.dtype == a.dtype and y.shape == ref.shape, (y.dtype, y.shape, ref.shape)
+  what = f"{layout} batch={batch} m={m} k={k} n={n} {jnp.dtype(dtype)} cu_cap={cu_cap} engine={ran}"
+  assert len(ran) == 1 and ran[0] in _expected_engines(layout, k, n, dtype), what
+  assert_close(y, ref, dtype, what=what)
+  return a, b, y
+
+
+LAYOUTS = ("TN", "NN", "NT")
+CASES = [  # (batch, m, k, n, dtype): none a multiple of the 128x256 / 128x128 tiles
+    ((2,), 300, 520, 776, jnp.bfloat16),   # aligned leading dims: Hopper engine
+    ((), 1000, 1032, 1288, jnp.bfloat16),  # several tiles each way
+    ((), 77, 129, 131, jnp.bfloat16),      # leading dims not multiples of 8: portable engine
+    ((3,), 130, 72, 200, jnp.float32),     # fp32: portable engine, 1e-5
+    ((), 99, 40, 136, jnp.float16),
+    ((), 5, 8, 16, jnp.bfloat16),          # smaller than one tile
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-{jnp.dtype(c[4])}")
+def test_matmul_vs_twin(layout, case):
+  _check(layout, *case)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cu_cap", [1, 7, 66])
+def test_cu_cap(layout, cu_cap):
+  # Many tiles (4096 x 2048 output: 256 of 128x256) on few CTAs: every CTA loops.
+  _check(layout, (), 4096 if layout != "NT" else 1024, 1024 if layout != "NT" else 4096, 2048, jnp.bfloat16,
+         cu_cap=cu_cap)
+  _check(layout, (), 333, 129, 301, jnp.float32, cu_cap=cu_cap)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_back_to_back_and_deterministic(layout):
+  """Several launches queued without a sync, each on fresh inputs, then checked;
+  the same inputs twice give the same bits (one completion point per tile)."""
+  f = jax.jit(lambda a, b: ops.matmul(a, b, layout=layout, impl="fused"))
+  ins = [_operands(layout, (2,), 640, 1024, 768, jnp.bfloat16) for _ in range(6)]
+  outs = [f(a, b) for a, b in ins]
+  again = f(*ins[0])
+  for i, ((a, b), y) in enumerate(zip(ins, outs)):
+    assert_close(y, _twin_f32(a, b, layout), jnp.bfloat16, what=f"{layout} call {i}")
+  np.testing.assert_array_equal(np.asarray(again.astype(jnp.float32)), np.asarray(outs[0].astype(jnp.float32)))
+
+
+def test_large_multi_wave():
+  """4096 x 4096 output at k = 2048: 512 tiles of 128x256, four waves on 132 SMs."""
+  for layout in LAYOUTS:
+    _check(layout, (), 4096, 2048 if layout != "NT" else 4096, 4096, jnp.bfloat16)
+
+
+def test_inside_shard_map():
+  """Per-device call under shard_map over every GPU (rows sharded, b replicated)."""
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  mesh = jax.sharding.Mesh(np.array(gpus), ("x",))
+  a = fresh((len(gpus) * 2, 264, 512), jnp.bfloat16)
+  b = fresh((512, 392), jnp.bfloat16)
+  f = shard_map(lambda a, b: ops.matmul(a, b, layout="TN", impl="fused"), mesh,
+                in_specs=(P("x"), P()), out_specs=P("x"))
+  y = f(put(a, mesh, P("x")), put(b, mesh, P()))
+  assert_close(y, _twin_f32(a, b, "TN"), jnp.bfloat16, what="TN in shard_map")
