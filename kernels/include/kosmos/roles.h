@@ -34,3 +34,33 @@ KOSMOS_HD inline int default_movers(int grid, int tp) {
 }
 
 }  // namespace kosmos
+
+namespace kosmos {
+
+// ---- GEMM+RS (paper §3.2.2; tp/rs_sched.h) ------------------------------------
+// Switching runs the other way: builders become reducers once the GEMM queue is
+// empty. The reducer plays the paper's mover role (it pulls and sums bands), so
+// it is Role::kMover here.
+
+// The first `reducers` CTAs start as reducers, clamped so at least one CTA starts
+// as a builder: with one CTA it builds every tile before reducing. Correctness
+// does not rest on the clamp (a reducer builds the tiles its band needs, see
+// rs_reduce), it only keeps a small grid from starting with nobody building.
+KOSMOS_HD inline Role rs_initial_role(int cta, int grid, int reducers) {
+  const int r = reducers < grid - 1 ? reducers : grid - 1;
+  return cta < r ? Role::kMover : Role::kBuilder;
+}
+
+// One-way switching: a builder that finds the GEMM queue empty reduces for the
+// rest of the kernel; a reducer never goes back to the GEMM queue except to
+// claim tiles of a step its own band waits on.
+KOSMOS_HD inline Role rs_after_build_empty(Role r) {
+  (void)r;
+  return Role::kMover;
+}
+
+// Reducers a grid starts with when the caller does not choose: the AG mover
+// heuristic (none without peers, about one in eight CTAs); builders join later.
+KOSMOS_HD inline int rs_default_reducers(int grid, int tp) { return default_movers(grid, tp); }
+
+}  // namespace kosmos

@@ -1,0 +1,160 @@
+// The GEMM+RS schedule (paper §3.2.2), plain host/device code: the GPU kernel and
+// the CPU emulation (tests/host/rs_sched_emu.cc) run these same functions over
+// different `Ops`. Y_chunk(r) = sum over ranks s of (X_s @ W_s)[chunk r].
+//
+// Units. A chunk is the T tile rows of output rank c owns; a band is R tile rows
+// of a chunk (the last band may be shorter); step b is band b of every chunk.
+// GEMM queue (per rank): band-major, step 0 first; within a step the chunks
+// rotate from rank+1 and end with our own chunk, so at any moment the ranks are
+// filling different peers' chunks. Builders write fp32 partial tiles into this
+// rank's staging buffer; the builder that completes band (b, c) publishes it.
+// Reduce queue (per rank): band b of our own chunk in slices, band-major. A
+// reducer pulls the slice from every rank once it has landed, sums ranks 0..tp-1
+// in that fixed order in fp32 and rounds once.
+//
+// Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
+// a band (local or remote) before its own rank has claimed every tile of that
+// step; if the step is not claimed yet it claims and builds the tiles itself.
+// Builds wait on nothing in the current epoch, so every claimed tile completes,
+// and each rank claims its steps in order without needing any peer: the waits
+// for step b form a DAG (reducers -> every rank's step b -> nothing).
+#pragma once
+#include <cstdint>
+
+#include "kosmos/platform.h"
+#include "kosmos/roles.h"
+
+namespace kosmos {
+
+struct RsShape {
+  int tp, rank;
+  int T;      // tile rows per chunk (rows this rank owns after the RS / tile M)
+  int NT;     // tile columns of the output
+  int R;      // tile rows per band
+  int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
+};
+
+struct RsTile {
+  int band, chunk;
+  int k;  // tile within the band, row-major: tile row band*R + k/NT, column k%NT
+};
+
+struct RsSlice {
+  int band, k0, n;  // tiles [k0, k0 + n) of band `band` of our own chunk
+};
+
+KOSMOS_HD inline int rs_bands(const RsShape& s) { return (s.T + s.R - 1) / s.R; }
+KOSMOS_HD inline int rs_band_rows(const RsShape& s, int b) { return s.T - b * s.R < s.R ? s.T - b * s.R : s.R; }
+KOSMOS_HD inline int rs_band_tiles(const RsShape& s, int b) { return rs_band_rows(s, b) * s.NT; }
+KOSMOS_HD inline int rs_n_build(const RsShape& s) { return s.T * s.NT * s.tp; }
+// Every step before the last is full, so step b starts at b * R * NT * tp.
+KOSMOS_HD inline int rs_step_begin(const RsShape& s, int b) { return b * s.R * s.NT * s.tp; }
+KOSMOS_HD inline int rs_step_end(const RsShape& s, int b) {
+  return b + 1 == rs_bands(s) ? rs_n_build(s) : rs_step_begin(s, b + 1);
+}
+// Chunk produced i-th within a step: ours last, so the peers' chunks go first.
+KOSMOS_HD inline int rs_chunk_at(const RsShape& s, int i) { return (s.rank + 1 + i) % s.tp; }
+
+KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {
+  const int full = s.R * s.NT * s.tp;
+  const int b = j / full;  // only the last step may be short, so this is exact
+  const int q = j - rs_step_begin(s, b), bt = rs_band_tiles(s, b);
+  return {b, rs_chunk_at(s, q / bt), q % bt};
+}
+
+// Staging slot (in tiles) of band b, chunk c, tile k: band-major like the queue,
+// but chunk-ordered (not rotated) so a peer finds band (b, c) without knowing our
+// rank, as one contiguous block it can pull in a single copy.
+KOSMOS_HD inline int rs_stage_slot(const RsShape& s, int b, int c, int k) {
+  return rs_step_begin(s, b) + c * rs_band_tiles(s, b) + k;
+}
+
+KOSMOS_HD inline int rs_slices(const RsShape& s, int b) { return (rs_band_tiles(s, b) + s.slice - 1) / s.slice; }
+KOSMOS_HD inline int rs_n_reduce(const RsShape& s) {
+  const int B = rs_bands(s);
+  return (B - 1) * rs_slices(s, 0) + rs_slices(s, B - 1);
+}
+
+KOSMOS_HD inline RsSlice rs_reduce_item(const RsShape& s, int q) {
+  const int per = rs_slices(s, 0), B = rs_bands(s);
+  const int b = q / per < B - 1 ? q / per : B - 1;
+  const int k0 = (q - b * per) * s.slice, bt = rs_band_tiles(s, b);
+  return {b, k0, bt - k0 < s.slice ? bt - k0 : s.slice};
+}
+
+// The fixed-order reduction of n elements: src(r, i) is rank r's fp32 partial,
+// dst(i, sum) rounds once to the output type. The sum starts from rank 0's value
+// (not 0.0f, which would turn -0.0 into +0.0) and adds ranks 1..tp-1 in order, so
+// the result is a function of the data alone, bitwise, whoever computes it.
+// Threads split elements (first, step); one element is never split.
+template <class Src, class Dst>
+KOSMOS_HD void rs_reduce_fixed(int tp, uint32_t n, uint32_t first, uint32_t step, const Src& src, const Dst& dst) {
+  for (uint32_t i = first; i < n; i += step) {
+    float acc = src(0, i);
+    for (int r = 1; r < tp; ++r) acc += src(r, i);
+    dst(i, acc);
+  }
+}
+
+// Builds GEMM tile j into staging. The first staging write of a CTA waits until
+// every peer has finished reading our previous epoch (done[p] >= epoch - 1):
+// that wait depends only on last epoch's work, never on this one's.
+template <class Ops>
+KOSMOS_HD void rs_build(Ops& ops, const RsShape& s, int j, bool& staging_free) {
+  const RsTile t = rs_build_item(s, j);
+  if (j + 1 == rs_step_end(s, t.band)) ops.mark_step_claimed(t.band);  // claim done, build pending
+  if (!staging_free) {
+    for (int p = 0; p < s.tp; ++p)
+      if (p != s.rank) ops.wait_peer_done(p);
+    staging_free = true;
+  }
+  ops.build(t);
+  // band_add is acq_rel: the builder that completes the band has acquired every
+  // other builder's tile stores, so its release of pub[] covers the whole band.
+  if (ops.band_add(t.band, t.chunk) + 1 == (uint32_t)rs_band_tiles(s, t.band)) ops.publish(t.band, t.chunk);
+}
+
+// Reduces slice q. Before any wait for band b this rank must have claimed all of
+// step b; a reducer that finds it unclaimed claims and builds tiles itself (in
+// queue order: tiles of step b or earlier, at most one past it if another CTA
+// claims the step's last tile meanwhile, which is harmless). Remote bands are waited on
+// only once the peer says the step is claimed, so pub[] waits are on claimed work.
+template <class Ops>
+KOSMOS_HD void rs_reduce(Ops& ops, const RsShape& s, int q, bool& staging_free) {
+  const RsSlice sl = rs_reduce_item(s, q);
+  const int need = rs_step_end(s, sl.band), n_build = rs_n_build(s);
+  while (!ops.build_claimed(need - 1)) {
+    const int j = ops.claim_build();
+    if (j < n_build) rs_build(ops, s, j, staging_free);
+  }
+  for (int src = 0; src < s.tp; ++src) {
+    if (src != s.rank) ops.wait_step_claimed(src, sl.band);
+    ops.wait_band(src, sl.band);
+  }
+  ops.reduce(sl);
+}
+
+// One CTA's life. `Ops` supplies CTA-uniform primitives: claims broadcast to every
+// thread, waits by one thread then a barrier, the tile GEMM and the reduction.
+// No drain is needed at the end: whoever claims the last reduce slice first makes
+// sure the last step, hence every GEMM tile, is claimed.
+template <class Ops>
+KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers) {
+  const int n_build = rs_n_build(s), n_reduce = rs_n_reduce(s);
+  bool staging_free = false;
+  Role role = rs_initial_role(cta, grid, reducers);
+  for (;;) {
+    if (role == Role::kBuilder) {
+      const int j = ops.claim_build();
+      if (j < n_build) rs_build(ops, s, j, staging_free);
+      else role = rs_after_build_empty(role);
+      continue;
+    }
+    const int q = ops.claim_reduce();
+    if (q >= n_reduce) break;
+    rs_reduce(ops, s, q, staging_free);
+  }
+  ops.finish(grid);
+}
+
+}  // namespace kosmos

@@ -1,0 +1,313 @@
+// CPU emulation of the GEMM+RS scheduler: kernels/tp/rs_sched.h, rs_layout.h,
+// queue.h, sync.h and roles.h compiled for the host and driven by N ranks, each
+// launching a grid of G "CTAs" on W resident threads (G > W: a CTA only starts
+// when a slot frees, in a random order), with random delays and several epochs
+// back to back per rank (ranks drift apart), fresh partials every epoch.
+// Checks: every GEMM tile built and every output tile reduced exactly once per
+// epoch; the output equals the fixed-rank-order fp32 sum rounded once to bf16,
+// bitwise, and is identical across runs with other interleavings; every wait is
+// on claimed work; staging is never read stale or overwritten while a peer reads
+// it (tag checked before and after each read); nothing hangs (bounded waits trap).
+// Usage: rs_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kosmos/queue.h"
+#include "kosmos/sync.h"
+#include "tp/rs_layout.h"
+#include "tp/rs_sched.h"
+
+using namespace kosmos;
+
+namespace {
+
+constexpr int kElems = 6;  // fp32 elements per emulated tile
+uint64_t g_timeout_ns = 10ull * 1000 * 1000 * 1000;
+int g_failures = 0;
+long g_order_sensitive = 0;  // elements whose sum changes with rank order
+long g_help_builds = 0;      // tiles built by a CTA already reducing (the claim rule at work)
+
+#define EMU_CHECK(cond, ...)                                  \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
+      std::printf(__VA_ARGS__);                               \
+      std::printf("\n");                                      \
+      __atomic_fetch_add(&g_failures, 1, __ATOMIC_RELAXED);   \
+    }                                                         \
+  } while (0)
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Rank src's partial for element i of tile (t, tn) of chunk c in epoch e: signs
+// and exponents vary (2^-8..2^8) so the sum depends on the order of its terms.
+float partial(unsigned seed, uint64_t e, int src, int c, int t, int tn, int i) {
+  uint64_t h = mix64(seed);
+  for (uint64_t v : {e, (uint64_t)src, (uint64_t)c, (uint64_t)t, (uint64_t)tn, (uint64_t)i}) h = mix64(h ^ v);
+  const float m = 1.0f + (float)(h & 0xFFFFFF) / 16777216.0f;
+  const float v = std::ldexp(m, (int)((h >> 24) % 17) - 8);
+  return (h >> 41) & 1 ? -v : v;
+}
+
+uint32_t fbits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float ffrom(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+// fp32 -> bf16, round to nearest even: the kernel's single rounding.
+uint16_t bf16_rne(float f) {
+  const uint32_t u = fbits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+uint64_t stage_tag(uint64_t e, int src, int slot) { return (e << 40) | ((uint64_t)src << 32) | (uint64_t)slot; }
+
+struct Case {
+  int tp, W, grid, reducers, T, NT, R, slice, epochs, max_delay_us;
+};
+
+// One rank's device memory: the real control block plus payload buffers.
+struct Rank {
+  std::unique_ptr<RsCtrl> ctrl{new RsCtrl()};  // zeroed once, like the heap
+  uint32_t launched = 0;                       // block dispatch counter of the emulated launch
+  std::vector<uint32_t> stage;                 // [slot][kElems] fp32 bits
+  std::vector<uint64_t> tag;                   // [slot] who wrote it, when
+  std::vector<uint16_t> out;                   // [tile][kElems] bf16 of our chunk
+  std::vector<uint32_t> sum32;                 // [tile][kElems] the fp32 sums before rounding
+  std::vector<uint32_t> built, reduced;        // exactly-once counters
+  explicit Rank(const RsShape& s)
+      : stage(rs_n_build(s) * kElems), tag(rs_n_build(s)), out(s.T * s.NT * kElems),
+        sum32(s.T * s.NT * kElems), built(rs_n_build(s)), reduced(s.T * s.NT) {}
+};
+using Ranks = std::vector<std::unique_ptr<Rank>>;
+
+struct HostOps {
+  const Case& c;
+  Ranks& ranks;
+  int rank, cta;
+  uint64_t e;
+  unsigned data_seed;
+  std::mt19937 rng;
+  RsShape s;
+  bool reducing = false;
+
+  Rank& me() { return *ranks[rank]; }
+  RsCtrl& ctl(int r) { return *ranks[r]->ctrl; }
+  void jitter() {
+    if (c.max_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % (c.max_delay_us + 1)));
+  }
+  WaitSite site(const char* flag, int idx) { return {"rs_emu", rank, cta, flag, idx}; }
+  WorkQueue build_q() { return WorkQueue{&ctl(rank).build_next, 0}; }
+
+  int claim_build() { jitter(); return (int)build_q().claim(); }
+  bool build_claimed(int j) { return build_q().claimed((uint32_t)j); }
+  int claim_reduce() { jitter(); reducing = true; return (int)WorkQueue{&ctl(rank).reduce_next, 0}.claim(); }
+  void mark_step_claimed(int b) { store_release<Scope::kSys>(&ctl(rank).step_claimed[b], e); }
+  void wait_peer_done(int p) { wait_ge<Scope::kSys>(&ctl(rank).done[p], e - 1, g_timeout_ns, site("done", p)); }
+
+  // The "GEMM": this rank's partial of tile t. The tag is cleared first and set
+  // last, so a reader that sees the right tag before and after read this epoch's data.
+  void build(const RsTile& t) {
+    const int slot = rs_stage_slot(s, t.band, t.chunk, t.k);
+    __atomic_fetch_add(&me().built[slot], 1u, __ATOMIC_RELAXED);
+    if (reducing) __atomic_fetch_add(&g_help_builds, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&me().tag[slot], 0ull, __ATOMIC_RELAXED);
+    jitter();
+    const int row = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
+    for (int i = 0; i < kElems; ++i)
+      __atomic_store_n(&me().stage[slot * kElems + i], fbits(partial(data_seed, e, rank, t.chunk, row, tn, i)),
+                       __ATOMIC_RELAXED);
+    __atomic_store_n(&me().tag[slot], stage_tag(e, rank, slot), __ATOMIC_RELAXED);
+  }
+  uint32_t band_add(int b, int ch) { return add_acq_rel_gpu_u32(&ctl(rank).band_count[rs_flag_index(b, ch)], 1); }
+  void publish(int b, int ch) { store_release<Scope::kSys>(&ctl(rank).pub[rs_flag_index(b, ch)], e); }
+
+  // Waiting on a peer's step is allowed only once our own step b is claimed.
+  void wait_step_claimed(int src, int b) {
+    EMU_CHECK(build_claimed(rs_step_end(s, b) - 1), "rank %d cta %d waits on rank %d step %d before claiming its own",
+              rank, cta, src, b);
+    wait_ge<Scope::kSys>(&ctl(src).step_claimed[b], e, g_timeout_ns, site("step_claimed", b));
+  }
+  void wait_band(int src, int b) {
+    const bool claimed = src == rank ? build_claimed(rs_step_end(s, b) - 1)
+                                     : load_acquire<Scope::kSys>(&ctl(src).step_claimed[b]) >= e;
+    EMU_CHECK(claimed, "rank %d cta %d waits on band %d of rank %d, not claimed there", rank, cta, b, src);
+    wait_ge<Scope::kSys>(&ctl(src).pub[rs_flag_index(b, rank)], e, g_timeout_ns, site("pub", b));
+  }
+  bool tags_ok(int slot, const char* when) {
+    bool ok = true;
+    for (int src = 0; src < s.tp; ++src) {
+      const uint64_t tg = __atomic_load_n(&ranks[src]->tag[slot], __ATOMIC_RELAXED);
+      EMU_CHECK(tg == stage_tag(e, src, slot), "rank %d epoch %llu: staging slot %d of rank %d %s read: tag %llx",
+                rank, (unsigned long long)e, slot, src, when, (unsigned long long)tg);
+      ok = ok && tg == stage_tag(e, src, slot);
+    }
+    return ok;
+  }
+  void reduce(const RsSlice& sl) {
+    for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
+      const int slot = rs_stage_slot(s, sl.band, rank, k), tile = sl.band * s.R * s.NT + k;
+      if (!tags_ok(slot, "before")) continue;
+      jitter();
+      auto src = [&](int r, uint32_t i) {
+        return ffrom(__atomic_load_n(&ranks[r]->stage[slot * kElems + i], __ATOMIC_RELAXED));
+      };
+      auto dst = [&](uint32_t i, float sum) {
+        me().sum32[tile * kElems + i] = fbits(sum);
+        me().out[tile * kElems + i] = bf16_rne(sum);
+      };
+      rs_reduce_fixed(s.tp, kElems, 0, 1, src, dst);
+      jitter();  // a peer that reused its staging too early overwrites it now
+      tags_ok(slot, "after");
+      __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
+    }
+  }
+  void finish(int grid) {
+    RsCtrl& m = ctl(rank);
+    if (add_acq_rel_gpu_u32(&m.finished, 1) != (uint32_t)grid - 1) return;
+    // Every CTA of this launch is done reading the peers' staging: tell them.
+    for (int p = 0; p < s.tp; ++p)
+      if (p != rank) store_release<Scope::kSys>(&ctl(p).done[rank], e);
+    for (int b = 0; b < rs_bands(s); ++b)
+      for (int ch = 0; ch < s.tp; ++ch) m.band_count[rs_flag_index(b, ch)] = 0;
+    m.build_next = m.reduce_next = m.finished = 0;
+    store_release<Scope::kGpu>(&m.epoch, e);
+  }
+};
+
+// Checks one epoch's output against the fixed-order reference; returns a digest.
+uint64_t check_epoch(const Case& c, const RsShape& s, Rank& r, uint64_t e, unsigned data_seed) {
+  for (int j = 0; j < rs_n_build(s); ++j)
+    EMU_CHECK(r.built[j] == 1, "tp=%d W=%d G=%d rank %d epoch %llu: staging slot %d built %u times", c.tp, c.W,
+              c.grid, s.rank, (unsigned long long)e, j, r.built[j]);
+  uint64_t digest = 1469598103934665603ull;
+  for (int tile = 0; tile < s.T * s.NT; ++tile) {
+    EMU_CHECK(r.reduced[tile] == 1, "tp=%d W=%d G=%d rank %d epoch %llu: tile %d reduced %u times", c.tp, c.W,
+              c.grid, s.rank, (unsigned long long)e, tile, r.reduced[tile]);
+    for (int i = 0; i < kElems; ++i) {
+      const int t = tile / s.NT, tn = tile % s.NT;
+      float acc = partial(data_seed, e, 0, s.rank, t, tn, i), rev = partial(data_seed, e, s.tp - 1, s.rank, t, tn, i);
+      for (int src = 1; src < s.tp; ++src) acc += partial(data_seed, e, src, s.rank, t, tn, i);
+      for (int src = s.tp - 2; src >= 0; --src) rev += partial(data_seed, e, src, s.rank, t, tn, i);
+      if (fbits(acc) != fbits(rev)) __atomic_fetch_add(&g_order_sensitive, 1, __ATOMIC_RELAXED);
+      const uint32_t got32 = r.sum32[tile * kElems + i];
+      const uint16_t got = r.out[tile * kElems + i];
+      EMU_CHECK(got32 == fbits(acc) && got == bf16_rne(acc),
+                "tp=%d rank %d epoch %llu tile %d elem %d: got %08x/%04x want %08x/%04x", c.tp, s.rank,
+                (unsigned long long)e, tile, i, got32, got, fbits(acc), bf16_rne(acc));
+      digest = ((digest ^ got32) * 1099511628211ull ^ got) * 1099511628211ull;
+    }
+  }
+  return digest;
+}
+
+// One rank's launches, back to back. Each launch: G CTAs on W resident threads;
+// a thread takes the next CTA from a random start order only when it is free.
+void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsigned data_seed,
+              std::vector<uint64_t>& digests) {
+  const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice};
+  std::mt19937 rng(jitter_seed * 2654435761u + (unsigned)rank);
+  Rank& r = *ranks[rank];
+  for (int it = 0; it < c.epochs; ++it) {
+    const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
+    std::fill(r.built.begin(), r.built.end(), 0u);
+    std::fill(r.reduced.begin(), r.reduced.end(), 0u);
+    std::fill(r.out.begin(), r.out.end(), (uint16_t)0xFFFF);  // poison: NaN
+    std::fill(r.sum32.begin(), r.sum32.end(), 0xFFFFFFFFu);
+    std::vector<int> order(c.grid);
+    for (int i = 0; i < c.grid; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    r.launched = 0;
+    std::vector<std::thread> slots;
+    for (int w = 0; w < c.W; ++w)
+      slots.emplace_back([&, w] {
+        for (uint32_t k = __atomic_fetch_add(&r.launched, 1u, __ATOMIC_RELAXED); k < (uint32_t)c.grid;
+             k = __atomic_fetch_add(&r.launched, 1u, __ATOMIC_RELAXED)) {
+          const int cta = order[k];
+          const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + 977u * (unsigned)w + (unsigned)cta;
+          HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s};
+          rs_cta(ops, s, cta, c.grid, c.reducers);
+        }
+      });
+    for (auto& t : slots) t.join();
+    digests.push_back(check_epoch(c, s, r, e, data_seed));
+  }
+}
+
+// Runs every rank of a case; returns the per-(rank, epoch) output digests.
+std::vector<uint64_t> run_case(const Case& c, unsigned jitter_seed, unsigned data_seed) {
+  Ranks ranks;
+  for (int r = 0; r < c.tp; ++r) ranks.emplace_back(new Rank(RsShape{c.tp, r, c.T, c.NT, c.R, c.slice}));
+  std::vector<std::vector<uint64_t>> digests(c.tp);
+  std::vector<std::thread> drivers;
+  for (int r = 0; r < c.tp; ++r)
+    drivers.emplace_back(run_rank, std::cref(c), std::ref(ranks), r, jitter_seed, data_seed, std::ref(digests[r]));
+  for (auto& d : drivers) d.join();
+  std::vector<uint64_t> all;
+  for (int r = 0; r < c.tp; ++r) {
+    EMU_CHECK(ranks[r]->ctrl->epoch == (uint64_t)c.epochs, "rank %d ended at epoch %llu", r,
+              (unsigned long long)ranks[r]->ctrl->epoch);
+    all.insert(all.end(), digests[r].begin(), digests[r].end());
+  }
+  return all;
+}
+
+std::vector<Case> make_cases() {
+  struct Dims { int T, NT, R, slice; };
+  // Shapes: one tile row per band; short last band with slices; one band per
+  // chunk (whole chunk in step 0); slices larger than a band.
+  const Dims dims[] = {{3, 2, 1, 1}, {5, 2, 2, 3}, {4, 3, 4, 2}, {4, 2, 3, 16}};
+  std::vector<Case> cases;
+  int n = 0;
+  for (int tp : {1, 2, 3, 4})
+    for (int W : {1, 2, 4})
+      for (int extra : {0, 2})  // grid = W (all resident) or W + 2 (two wait for a slot)
+        for (int red : {0, 1, 99}) {
+          const Dims d = dims[n++ % 4];
+          const int G = W + extra;
+          cases.push_back({tp, W, G, red > G ? G : red, d.T, d.NT, d.R, d.slice, 3, 20});
+        }
+  cases.push_back({8, 1, 1, 0, 3, 2, 1, 2, 3, 5});   // wide group, one CTA per rank
+  cases.push_back({8, 2, 5, 5, 4, 2, 2, 1, 3, 5});   // wide group, all reducers, 2 resident
+  cases.push_back({8, 4, 4, 1, 5, 3, 2, 4, 3, 5});
+  cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 6, 0});   // one CTA, no delays: tight interleavings
+  cases.push_back({3, 2, 2, 1, 6, 4, 2, 5, 6, 0});
+  return cases;
+}
+
+}  // namespace
+
+int main() {
+  if (const char* ms = std::getenv("EMU_TIMEOUT_MS")) g_timeout_ns = std::strtoull(ms, nullptr, 10) * 1000000ull;
+  const std::vector<Case> cases = make_cases();
+  unsigned seed = 1;
+  for (const Case& c : cases) {
+    // Named before it runs: a bounded wait that traps leaves this as the last line.
+    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d\n", c.tp, c.W, c.grid, c.reducers, c.T,
+                c.NT, c.R, c.slice);
+    std::fflush(stdout);
+    const std::vector<uint64_t> a = run_case(c, seed, seed + 1000);
+    // Same data, other interleaving: the outputs must be bitwise the same.
+    if (c.tp >= 3 && c.W >= 2) {
+      const std::vector<uint64_t> b = run_case(c, seed + 5000, seed + 1000);
+      EMU_CHECK(a == b, "tp=%d W=%d G=%d: output differs between runs with the same data", c.tp, c.W, c.grid);
+    }
+    ++seed;
+  }
+  // The bitwise checks only have teeth if the order of the terms matters.
+  EMU_CHECK(g_order_sensitive > 0, "no element's sum depends on rank order: the data cannot catch order bugs");
+  // Coverage: some reducer had to build its step itself (partial residency).
+  EMU_CHECK(g_help_builds > 0, "no reducer ever built a tile: the claim rule was not exercised");
+  std::printf("%zu cases, %ld order-sensitive sums, %ld tiles built by reducers, %d failures\n", cases.size(),
+              g_order_sensitive, g_help_builds, g_failures);
+  return g_failures ? 1 : 0;
+}
