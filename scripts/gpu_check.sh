@@ -8,6 +8,13 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv; nvidia-smi topo -m; nvcc --version | tail -2
   $PY -c 'import jax; print("jax", jax.__version__, jax.devices())'; } > "$OUT/env.log" 2>&1
+# The GPU host has no package index: CuTe headers (nvidia-cutlass) come from a
+# carried wheel in .whl/ when they are not installed (see the device README).
+if ! $PY -c 'import cutlass_library' 2>/dev/null; then
+  ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1 || { echo "nvidia-cutlass missing: carry its wheel in .whl/"; exit 1; }
+  $PY -m pip install -q --no-index --no-deps --target /tmp/kosmos_site .whl/nvidia_cutlass-*.whl
+  export PYTHONPATH=/tmp/kosmos_site${PYTHONPATH:+:$PYTHONPATH}
+fi
 t0=$(date +%s)
 $PY -m pip install --no-build-isolation --no-deps -e . -Ccmake.define.KOSMOS_CUDA=on > "$OUT/build.log" 2>&1 \
   || { echo "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
