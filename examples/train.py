@@ -79,12 +79,24 @@ OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "matmul", "moe_for
 
 
 def path_ran() -> str:
-  """Which ops run fused here and which run their reference twins, and why."""
-  fused = [op for op in OPS if ops.fused_status(op)[0]]
-  if not fused:
-    return f"reference twins for every op (fused kernels unavailable: {_ext.available().reason})"
-  rest = [op for op in OPS if op not in fused]
-  return f"fused: {', '.join(fused)}; reference twins (no kernel yet): {', '.join(rest) or 'none'}"
+  """Which path each op takes here under KOSMOS_IMPL (default auto), and why."""
+  try:
+    chosen = {op: ops.choose(op, None) for op in OPS}
+  except NotImplementedError as e:  # KOSMOS_IMPL=fused where a kernel cannot run
+    raise SystemExit(str(e)) from None
+  fused = [op for op, c in chosen.items() if c == "fused"]
+  ref = [op for op, c in chosen.items() if c == "reference"]
+  out = f"fused: {', '.join(fused) or 'none'}; reference twins: {', '.join(ref) or 'none'}"
+  if ref and ops.default_impl() != "reference":
+    state = _ext.available()
+    status = {op: ops.fused_status(op) for op in ref}
+    no_kernel = [op for op, (ok, why) in status.items() if not ok and "no fused kernel" in why]
+    slower = [op for op in ref if op not in no_kernel and state]
+    why = [f"no fused kernel yet for {', '.join(no_kernel)}"] if no_kernel else []
+    why += [f"fused kernels unavailable here: {state.reason}"] if not state else []
+    why += [f"fused {', '.join(slower)} not yet faster than XLA (impl='fused' forces it)"] if slower else []
+    out += f" [{'; '.join(why)}]"
+  return out
 
 
 def train_sharded(args, mesh, model, data, check_every: int = 25):

@@ -54,3 +54,17 @@ def test_fused_status_names_the_reason():
   ok, why = ops.fused_status("tn_rs")
   if not ok:
     assert why
+
+
+def test_auto_needs_an_auto_registration(monkeypatch):
+  """A fused kernel that can run but is not registered auto=True runs only when asked."""
+  monkeypatch.setattr(_dispatch, "_FUSED", dict(_dispatch._FUSED))
+  monkeypatch.setattr(_dispatch, "_AUTO", set(_dispatch._AUTO))
+  monkeypatch.setattr(_dispatch._ext, "available", lambda: _dispatch._ext.Availability(True, "test"))
+  _dispatch.register_fused("toy", lambda *a: None)
+  assert _dispatch.choose("toy", "fused") == "fused"
+  assert _dispatch.choose("toy", "auto") == "reference"
+  assert "not yet faster than XLA" in _dispatch.auto_note("toy")
+  _dispatch.register_fused("toy", lambda *a: None, auto=True)
+  assert _dispatch.choose("toy", "auto") == "fused"
+  assert _dispatch.auto_note("toy") == ""

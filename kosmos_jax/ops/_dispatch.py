@@ -4,6 +4,10 @@
 to override it for one call, so a fused op can be checked against its twin in one
 program. A fused kernel is known to this module only once it is registered here
 by the code that wraps its FFI target; until then `fused` raises.
+
+`auto` picks a fused kernel only if it was registered with `auto=True`: a kernel
+that is correct but not yet faster than XLA's own collective + dot (the reference
+path) must be asked for explicitly, so `auto` never makes a program slower.
 """
 from __future__ import annotations
 
@@ -16,10 +20,14 @@ IMPLS = ("auto", "reference", "fused")
 
 # op name -> callable with the op's signature that issues the fused FFI call.
 _FUSED: dict[str, Callable] = {}
+# ops whose fused kernel is the default under `auto` (measured faster than XLA).
+_AUTO: set[str] = set()
 
 
-def register_fused(op: str, fn: Callable) -> None:
+def register_fused(op: str, fn: Callable, *, auto: bool = False) -> None:
+  """Register `op`'s fused kernel; `auto=True` once benchmarks show it beats XLA."""
   _FUSED[op] = fn
+  (_AUTO.add if auto else _AUTO.discard)(op)
 
 
 def default_impl() -> str:
@@ -51,7 +59,20 @@ def choose(op: str, impl: str | None) -> str:
     raise NotImplementedError(
         f"kosmos op {op!r} was asked to run fused (impl='fused' or KOSMOS_IMPL=fused), "
         f"but it cannot: {why}. Use impl='reference' or KOSMOS_IMPL=auto.")
+  if impl == "auto" and op not in _AUTO:
+    return "reference"
   return "fused" if ok else "reference"
+
+
+def auto_note(op: str) -> str:
+  """Why `auto` runs the reference twin for `op` here ('' when it runs fused)."""
+  ok, why = fused_status(op)
+  if not ok:
+    return why
+  if op not in _AUTO:
+    return (f"the fused {op!r} kernel runs here but is not yet faster than XLA, so auto keeps "
+            "the reference; impl='fused' or KOSMOS_IMPL=fused selects it")
+  return ""
 
 
 def fused(op: str) -> Callable:

@@ -93,4 +93,6 @@ def flops(a_shape, b_shape, layout: str) -> float:
   return 2.0 * rows * a_shape[-1] * b_shape[-1]
 
 
+# Not the `auto` default: 0.89-0.92x of XLA's cuBLAS dot (geomean, paper shapes,
+# benchmarks/RESULTS.md), so auto keeps XLA's dot until the engine catches up.
 register_fused("matmul", matmul_fused)

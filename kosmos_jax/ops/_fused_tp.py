@@ -59,4 +59,7 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
   return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=cfg.movers)
 
 
+# Not the `auto` default: correct on 2xH200, but its portable SIMT builders run
+# ~40x slower than XLA's all-gather + cuBLAS (benchmarks/RESULTS.md) until the
+# Hopper tile engine builds its tiles.
 register_fused("ag_tn", ag_tn_fused)
