@@ -3,29 +3,16 @@ queue, flag, role and schedule code compiled with the host C++ compiler and run 
 N ranks x W threads with random delays (W = 1 included). The driver,
 tests/host/ag_sched_emu.cc, checks exactly-once moves and builds, no stale or
 overwritten rows, waits only on claimed work, and no deadlock (bounded waits)."""
-import os
-import shutil
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def _build(tmp_path, source: str) -> str:
-  exe = str(tmp_path / "emu")
-  cmd = [CXX, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-         "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
-         os.path.join(ROOT, "tests", "host", source), "-o", exe]
-  r = subprocess.run(cmd, capture_output=True, text=True)
-  assert r.returncode == 0, f"compile failed: {' '.join(cmd)}\n{r.stderr}"
-  return exe
+from host_build import CXX, build
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++/c++/clang++) found")
 def test_ag_scheduler_emulated(tmp_path):
-  exe = _build(tmp_path, "ag_sched_emu.cc")
+  exe = build(tmp_path, "ag_sched_emu.cc")
   r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, f"emulated AG scheduler failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
   assert "0 failures" in r.stdout, r.stdout[-2000:]

@@ -6,29 +6,16 @@ epochs back to back with fresh data. The driver, tests/host/rs_sched_emu.cc,
 checks exactly-once builds and reductions, the bitwise fixed-order fp32 sum
 rounded once (and identical across interleavings), waits only on claimed work,
 no stale or early-reused staging, and no deadlock (bounded waits trap)."""
-import os
-import shutil
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def _build(tmp_path, source: str) -> str:
-  exe = str(tmp_path / "emu")
-  cmd = [CXX, "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-         "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
-         os.path.join(ROOT, "tests", "host", source), "-o", exe]
-  r = subprocess.run(cmd, capture_output=True, text=True)
-  assert r.returncode == 0, f"compile failed: {' '.join(cmd)}\n{r.stderr}"
-  return exe
+from host_build import CXX, build
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++/c++/clang++) found")
 def test_rs_scheduler_emulated(tmp_path):
-  exe = _build(tmp_path, "rs_sched_emu.cc")
+  exe = build(tmp_path, "rs_sched_emu.cc")
   r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, f"emulated RS scheduler failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
   assert r.stdout.rstrip().endswith(", 0 failures"), r.stdout[-2000:]

@@ -2,17 +2,14 @@
 record layout as Python reads it, the Chrome-trace JSON, and the PNG timeline."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from host_build import CXX, ROOT, build
 from kosmos_jax import trace
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
 def _synthetic(rng, ranks=2, ctas=3, spans=5, base=1_700_000_000_000_000_000):
@@ -38,11 +35,8 @@ def test_record_dtype_matches_the_header_fields():
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++/c++/clang++) found")
 @pytest.mark.parametrize("traced", [True, False])
 def test_cpp_records_read_back(tmp_path, traced):
-  exe, out = str(tmp_path / "dump"), str(tmp_path / "trace.bin")
-  cmd = [CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "kernels", "include"),
-         os.path.join(ROOT, "tests", "host", "trace_dump.cc"), "-o", exe] + (["-DKOSMOS_TRACE"] if traced else [])
-  r = subprocess.run(cmd, capture_output=True, text=True)
-  assert r.returncode == 0, r.stderr
+  out = str(tmp_path / "trace.bin")
+  exe = build(tmp_path, "trace_dump.cc", *(["-DKOSMOS_TRACE"] if traced else []), name="dump")
   subprocess.run([exe, out], check=True)
   raw = np.fromfile(out, np.uint8)
   counts = raw[:8].view("<u4")

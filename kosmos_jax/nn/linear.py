@@ -30,8 +30,7 @@ def _compute_dtype(dtype, x, param_dtype):
 class _ParallelLinear(nnx.Module):
   """Shared construction; subclasses fix which weight dimension is sharded over tp."""
 
-  _kernel_axes: tuple  # filled by subclasses: (in_axis, out_axis) roles
-  _bias_sharded: bool
+  _bias_sharded: bool  # subclasses: is the output dim (and so the bias) sharded over tp?
 
   def __init__(self, in_features: int, out_features: int, *, mesh: jax.sharding.Mesh,
                tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
@@ -55,9 +54,24 @@ class _ParallelLinear(nnx.Module):
     self.bias = nnx.Param(nnx.with_partitioning(bias_init, b_axes, mesh=mesh)(
         rngs.params(), (out_features,), param_dtype)) if use_bias else None
 
-  @staticmethod
-  def _axes(tp_axis):  # pragma: no cover - overridden
-    raise NotImplementedError
+  def _apply(self, x, linear, x_axes, y_axes, kernel_spec, bias_spec):
+    """Cast, then run `linear` per device under shard_map. x_axes / y_axes: the
+    (seq, features) mesh axes of the global input / output activations."""
+    _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
+                    dp_axis=self.dp_axis, seq_axis=self.tp_axis)
+    dt = _compute_dtype(self.dtype, x, self.param_dtype)
+    tp, dp = self.tp_axis, self.dp_axis
+
+    def local(x, w, *b):
+      y = linear(x, w, tp, impl=self.impl)
+      return y + b[0] if b else y
+
+    args = [x.astype(dt), self.kernel[...].astype(dt)]
+    specs = [_spmd.act_spec(x.ndim, dp, *x_axes), kernel_spec]
+    if self.bias is not None:
+      args.append(self.bias[...].astype(dt))
+      specs.append(bias_spec)
+    return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, *y_axes))
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -71,21 +85,8 @@ class ColumnParallelLinear(_ParallelLinear):
 
   def __call__(self, x):
     """x: [batch, seq, in] sequence-sharded -> [batch, seq, out] feature-sharded."""
-    _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
-                    dp_axis=self.dp_axis, seq_axis=self.tp_axis)
-    dt = _compute_dtype(self.dtype, x, self.param_dtype)
-    tp, dp = self.tp_axis, self.dp_axis
-
-    def local(x, w, *b):
-      y = tp_lib.column_parallel_linear(x, w, tp, impl=self.impl)
-      return y + b[0] if b else y
-
-    args = [x.astype(dt), self.kernel[...].astype(dt)]
-    specs = [_spmd.act_spec(x.ndim, dp, tp, None), P(None, tp)]
-    if self.bias is not None:
-      args.append(self.bias[...].astype(dt))
-      specs.append(P(tp))
-    return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, None, tp))
+    tp = self.tp_axis
+    return self._apply(x, tp_lib.column_parallel_linear, (tp, None), (None, tp), P(None, tp), P(tp))
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -99,18 +100,5 @@ class RowParallelLinear(_ParallelLinear):
 
   def __call__(self, x):
     """x: [batch, seq, in] feature-sharded -> [batch, seq, out] sequence-sharded."""
-    _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
-                    dp_axis=self.dp_axis, seq_axis=self.tp_axis)
-    dt = _compute_dtype(self.dtype, x, self.param_dtype)
-    tp, dp = self.tp_axis, self.dp_axis
-
-    def local(x, w, *b):
-      y = tp_lib.row_parallel_linear(x, w, tp, impl=self.impl)
-      return y + b[0] if b else y
-
-    args = [x.astype(dt), self.kernel[...].astype(dt)]
-    specs = [_spmd.act_spec(x.ndim, dp, None, tp), P(tp, None)]
-    if self.bias is not None:
-      args.append(self.bias[...].astype(dt))
-      specs.append(P(None))
-    return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, tp, None))
+    tp = self.tp_axis
+    return self._apply(x, tp_lib.row_parallel_linear, (None, tp), (tp, None), P(tp, None), P(None))
