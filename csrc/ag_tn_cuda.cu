@@ -4,9 +4,8 @@
 // kernel with grid = min(SMs, cu_cap), one CTA per SM (checked by occupancy).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "handlers.h"
 #include "launch.h"
@@ -17,56 +16,14 @@ namespace ffi = xla::ffi;
 
 namespace kosmos {
 
-template <typename T>
-static std::string prepare_one(int ordinal, int* dyn_smem) {
-  // Forces the module load now (never lazily while a persistent kernel spins) and
-  // pads shared memory so that exactly one CTA fits per SM.
-  return prepare_persistent(reinterpret_cast<const void*>(&ag_tn_kernel<T>), portable::kThreads,
-                            sizeof(AgShared), ordinal, dyn_smem);
-}
+// Loaded eagerly and padded to one CTA per SM by runtime init (launch.h): never
+// a lazy module load while a persistent kernel spins.
+static PersistentKernels g_kernels{{reinterpret_cast<const void*>(&ag_tn_kernel<float>),
+                                    reinterpret_cast<const void*>(&ag_tn_kernel<half_t>),
+                                    reinterpret_cast<const void*>(&ag_tn_kernel<bf16_t>)},
+                                   sizeof(AgShared), {}};
 
-static int g_dyn_smem[3][64];  // [dtype][ordinal], set by prepare
-
-std::string ag_tn_prepare(int ordinal) {
-  if (ordinal < 0 || ordinal >= 64) return "device ordinal out of range";
-  std::string err = prepare_one<float>(ordinal, &g_dyn_smem[0][ordinal]);
-  if (err.empty()) err = prepare_one<half_t>(ordinal, &g_dyn_smem[1][ordinal]);
-  if (err.empty()) err = prepare_one<bf16_t>(ordinal, &g_dyn_smem[2][ordinal]);
-  return err;
-}
-
-static uint64_t timeout_ns() {
-  static const uint64_t ns = [] {
-    const char* s = std::getenv("KOSMOS_TIMEOUT_MS");
-    const long long ms = s && *s ? std::atoll(s) : 10000;
-    return (uint64_t)(ms > 0 ? ms : 10000) * 1000000ull;
-  }();
-  return ns;
-}
-
-// KOSMOS_POISON_OUTPUT=1 (tests): fill y with NaN bytes first, so an element the
-// kernel forgets to write shows up as NaN.
-static bool poison_output() {
-  static const bool on = [] {
-    const char* s = std::getenv("KOSMOS_POISON_OUTPUT");
-    return s && *s && std::string(s) != "0";
-  }();
-  return on;
-}
-
-template <typename T>
-static ffi::Error launch(cudaStream_t stream, int ordinal, int dyn, int grid, AgParams<T> p, size_t y_bytes) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return ffi::Error::Internal(std::string("kosmos_ag_tn: pending CUDA error ") + cudaGetErrorString(e));
-  if (poison_output() && (e = cudaMemsetAsync(p.y, 0xFF, y_bytes, stream)) != cudaSuccess)
-    return ffi::Error::Internal(std::string("kosmos_ag_tn: poisoning y failed: ") + cudaGetErrorString(e));
-  ag_tn_kernel<T><<<grid, portable::kThreads, dyn, stream>>>(p);
-  e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return ffi::Error::Internal("kosmos_ag_tn: launch on ordinal " + std::to_string(ordinal) + " failed: " +
-                                cudaGetErrorString(e));
-  return ffi::Error::Success();
-}
+std::string ag_tn_prepare(int ordinal) { return prepare_all(&g_kernels, ordinal); }
 
 }  // namespace kosmos
 
@@ -76,16 +33,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers) {
   GroupInfo g;
-  if (auto err = find_group("kosmos_ag_tn", ordinal, groups, tp, &g); !err.empty())
+  int ctrl_slot = -1;
+  if (auto err = find_group_slot("kosmos_ag_tn", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
     return ffi::Error::InvalidArgument(err);
-  // One control block per group (kernels/tp/ag_layout.h): slots[row] of our group.
-  if (tp < 1 || slots.size() * (size_t)tp != groups.size())
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: " + std::to_string(slots.size()) + " control slots for " +
-                                       std::to_string(groups.size() / (tp > 0 ? tp : 1)) + " groups");
-  const int64_t ctrl_slot = slots[g.row];
-  if (ctrl_slot < 0 || ctrl_slot >= kCtrlSlots)
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: control slot " + std::to_string(ctrl_slot) + " of group row " +
-                                       std::to_string(g.row) + " is outside 0.." + std::to_string(kCtrlSlots - 1));
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() < 2 || wd.size() != 2 || xd.back() != wd[0])
     return ffi::Error::InvalidArgument("kosmos_ag_tn: need x [..., m_local, k] and w [k, n]");
@@ -109,7 +59,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("kosmos_ag_tn: x is not 16-byte aligned");
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
   const int mv = movers < 0 ? default_movers(grid, (int)tp) : (int)(movers > grid ? grid : movers);
-  auto fill = [&](auto* tag) {
+  const int dt = dtype_index(x.element_type());
+  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
+  auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     AgParams<T> p{};
     p.x = static_cast<const T*>(x.untyped_data());
@@ -119,15 +71,10 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + portable::kBN - 1) / portable::kBN)};
-    p.movers = mv; p.ctrl_off = ag_ctrl_offset((int)ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
-    return p;
+    p.movers = mv; p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    return launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
   };
-  switch (x.element_type()) {
-    case ffi::DataType::F32: return launch(stream, ordinal, g_dyn_smem[0][ordinal], grid, fill((float*)nullptr), y->size_bytes());
-    case ffi::DataType::F16: return launch(stream, ordinal, g_dyn_smem[1][ordinal], grid, fill((half_t*)nullptr), y->size_bytes());
-    case ffi::DataType::BF16: return launch(stream, ordinal, g_dyn_smem[2][ordinal], grid, fill((bf16_t*)nullptr), y->size_bytes());
-    default: return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
-  }
+  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,

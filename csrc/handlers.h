@@ -11,4 +11,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_tn_cuda);
 // kosmos_matmul: one GEMM in layout TN, NN or NT (kernels/gemm; csrc/matmul_cuda.cu).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_matmul_cuda);
+// kosmos_tn_rs: y = reduce_scatter_rows(x @ w), fused (kernels/tp/gemm_rs.cuh).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_tn_rs_cuda);
 #endif

@@ -1,5 +1,8 @@
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
+#include "gemm/portable/tile_gemm.cuh"
 #include "launch.h"
 #include "runtime.h"
 
@@ -31,6 +34,22 @@ std::string find_group(const char* op, int ordinal, xla::ffi::Span<const int64_t
   return std::string(op) + ": device " + std::to_string(me.global_id) + " is in none of the groups";
 }
 
+std::string find_group_slot(const char* op, int ordinal, xla::ffi::Span<const int64_t> groups, int64_t tp,
+                            xla::ffi::Span<const int64_t> slots, GroupInfo* out, int* ctrl_slot) {
+  std::string err = find_group(op, ordinal, groups, tp, out);
+  if (!err.empty()) return err;
+  // One control block per group (kernels/tp/ag_layout.h): slots[row] of our group.
+  if (slots.size() * (size_t)tp != groups.size())
+    return std::string(op) + ": " + std::to_string(slots.size()) + " control slots for " +
+           std::to_string(groups.size() / tp) + " groups";
+  const int64_t slot = slots[out->row];
+  if (slot < 0 || slot >= kCtrlSlots)
+    return std::string(op) + ": control slot " + std::to_string(slot) + " of group row " + std::to_string(out->row) +
+           " is outside 0.." + std::to_string(kCtrlSlots - 1);
+  *ctrl_slot = (int)slot;
+  return "";
+}
+
 std::string prepare_persistent(const void* kernel, int threads, size_t static_smem, int ordinal, int* dyn_smem) {
   int prev = 0;
   cudaGetDevice(&prev);
@@ -60,6 +79,58 @@ std::string prepare_persistent(const void* kernel, int threads, size_t static_sm
            " CTAs per SM on ordinal " + std::to_string(ordinal) + ", need exactly 1";
   *dyn_smem = (int)want;
   return "";
+}
+
+std::string prepare_all(PersistentKernels* k, int ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxOrdinals)
+    return "device ordinal " + std::to_string(ordinal) + " is outside 0.." + std::to_string(kMaxOrdinals - 1);
+  for (int t = 0; t < 3; ++t) {
+    std::string err = prepare_persistent(k->fn[t], portable::kThreads, k->static_smem, ordinal, &k->dyn_smem[t][ordinal]);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+int dtype_index(xla::ffi::DataType t) {
+  switch (t) {
+    case xla::ffi::DataType::F32: return 0;
+    case xla::ffi::DataType::F16: return 1;
+    case xla::ffi::DataType::BF16: return 2;
+    default: return -1;
+  }
+}
+
+static bool poison_output() {
+  static const bool on = [] {
+    const char* s = std::getenv("KOSMOS_POISON_OUTPUT");
+    return s && *s && std::string(s) != "0";
+  }();
+  return on;
+}
+
+xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, int dtype, void* params,
+                                  CUstream_st* stream, int ordinal, int grid, void* y, size_t y_bytes) {
+  using xla::ffi::Error;
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return Error::Internal(std::string(op) + ": pending CUDA error " + cudaGetErrorString(e));
+  if (poison_output() && (e = cudaMemsetAsync(y, 0xFF, y_bytes, stream)) != cudaSuccess)
+    return Error::Internal(std::string(op) + ": poisoning the output failed: " + cudaGetErrorString(e));
+  void* args[] = {params};
+  e = cudaLaunchKernel(k.fn[dtype], dim3(grid), dim3(portable::kThreads), args, (size_t)k.dyn_smem[dtype][ordinal], stream);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return Error::Internal(std::string(op) + ": launch of " + std::to_string(grid) + " CTAs on ordinal " +
+                           std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
+  return Error::Success();
+}
+
+uint64_t timeout_ns() {
+  static const uint64_t ns = [] {
+    const char* s = std::getenv("KOSMOS_TIMEOUT_MS");
+    const long long ms = s && *s ? std::atoll(s) : 10000;
+    return (uint64_t)(ms > 0 ? ms : 10000) * 1000000ull;
+  }();
+  return ns;
 }
 
 }  // namespace kosmos

@@ -1,12 +1,15 @@
-// Shared launch plumbing of the persistent kernels: the per-launch group lookup
-// and the once-per-device preparation (module load, shared-memory padding,
-// occupancy check).
+// Shared launch plumbing of the persistent kernels: the per-launch group and
+// control-slot lookup, the once-per-device preparation (module load,
+// shared-memory padding, occupancy check), the launch itself (poison, errors),
+// and the environment knobs every fused op reads.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "tp/ag_layout.h"
 #include "xla/ffi/api/ffi.h"
+
+struct CUstream_st;  // cudaStream_t, without pulling CUDA headers into module.cc
 
 namespace kosmos {
 
@@ -23,11 +26,39 @@ struct GroupInfo {
 std::string find_group(const char* op, int ordinal, xla::ffi::Span<const int64_t> groups, int64_t tp,
                        GroupInfo* out);
 
+// find_group, then this group's control slot: slots[row] of the group's row, one
+// per group, checked against kCtrlSlots. Returns "" or an error naming the values.
+std::string find_group_slot(const char* op, int ordinal, xla::ffi::Span<const int64_t> groups, int64_t tp,
+                            xla::ffi::Span<const int64_t> slots, GroupInfo* out, int* ctrl_slot);
+
 // Loads `kernel`'s module on `ordinal`, pads its dynamic shared memory so that
 // only one CTA fits per SM, and checks that exactly one does.
 std::string prepare_persistent(const void* kernel, int threads, size_t static_smem, int ordinal, int* dyn_smem);
 
+// One persistent kernel per element type (f32, f16, bf16, in DataType order of
+// dtype_index) and the dynamic shared memory each got on each device.
+constexpr int kMaxOrdinals = 64;
+struct PersistentKernels {
+  const void* fn[3];
+  size_t static_smem;
+  int dyn_smem[3][kMaxOrdinals];
+};
+std::string prepare_all(PersistentKernels* k, int ordinal);
+
+// 0 for f32, 1 for f16, 2 for bf16, -1 otherwise.
+int dtype_index(xla::ffi::DataType t);
+
+// Launches k.fn[dtype] with grid x kThreads threads and `params` as its one
+// argument on `stream`; with KOSMOS_POISON_OUTPUT set, fills y with NaN bytes
+// first, so an element the kernel forgets to write shows up as NaN.
+xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, int dtype, void* params,
+                                  CUstream_st* stream, int ordinal, int grid, void* y, size_t y_bytes);
+
+// KOSMOS_TIMEOUT_MS (default 10 s) as nanoseconds: every spin's bound.
+uint64_t timeout_ns();
+
 // Per-kernel preparation, run by runtime init for every local device.
 std::string ag_tn_prepare(int ordinal);
+std::string tn_rs_prepare(int ordinal);
 
 }  // namespace kosmos

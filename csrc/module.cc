@@ -39,6 +39,9 @@ static nb::dict Registrations() {
   nb::dict matmul;
   matmul["CUDA"] = Encapsulate(kosmos_matmul_cuda);
   out["kosmos_matmul"] = matmul;
+  nb::dict tn_rs;
+  tn_rs["CUDA"] = Encapsulate(kosmos_tn_rs_cuda);
+  out["kosmos_tn_rs"] = tn_rs;
 #endif
   return out;
 }
@@ -68,6 +71,7 @@ static std::pair<int, std::string> CudaDeviceCount() {
 static void HeapInit(const std::vector<int>& ordinals, const std::vector<int64_t>& global_ids, size_t bytes) {
   std::string err = kosmos::Runtime::get().init_local(ordinals, global_ids, bytes);
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::ag_tn_prepare(ordinals[i]);
+  for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::tn_rs_prepare(ordinals[i]);
   if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
 }
 

@@ -8,12 +8,14 @@
 #include <cstdint>
 
 #include "gemm/portable/tile_gemm.cuh"
+#include "kosmos/cta.h"
 #include "kosmos/platform.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/transport.h"
 #include "tp/ag_layout.h"
 #include "tp/ag_sched.h"
+#include "tp/heap_use.cuh"
 
 namespace kosmos {
 
@@ -49,14 +51,7 @@ struct AgDeviceOps {
   KOSMOS_DEVICE char* slot(int r, int src) const { return p.heap[r] + kHeapDataOffset + (size_t)src * p.slot_bytes; }
   KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"ag_tn", p.rank, (int)blockIdx.x, flag, i}; }
 
-  // Thread 0 decides, every thread gets the value (control flow stays CTA-uniform).
-  KOSMOS_DEVICE int bcast(int v) {
-    if (threadIdx.x == 0) sm.bcast = v;
-    __syncthreads();
-    const int out = sm.bcast;
-    __syncthreads();
-    return out;
-  }
+  KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
   KOSMOS_DEVICE int claim_move() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claim() : 0); }
   KOSMOS_DEVICE int claim_build() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->build_next, 0}.claim() : 0); }
   KOSMOS_DEVICE bool move_claimed(int q) {
@@ -89,23 +84,12 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
   *bytes = (r1 - r0) * p.K * sizeof(T);
 }
 
-// Reuse rule: the data region is overwritten (by a publish or a pull) only after
-// every reader of its last writer's launch released done[reader] >= that epoch.
-// That launch may belong to another group (another control slot); each launch
-// waits on its predecessor's readers, so by induction no older reader remains.
+// The data region is overwritten (by a publish or a pull) only after the last
+// writer's readers are done (tp/heap_use.cuh).
 template <typename T>
 KOSMOS_DEVICE void AgDeviceOps<T>::guard_data() {
   if (peers_done) return;
-  if (threadIdx.x == 0) {
-    const volatile HeapUse* use = reinterpret_cast<const volatile HeapUse*>(p.heap[p.rank] + kHeapUseOffset);
-    const uint64_t slot1 = use->slot_plus1, ep = use->epoch;
-    const int tp = (int)use->tp, me = (int)use->rank;
-    if (slot1 != 0) {
-      const AgCtrl* last = reinterpret_cast<const AgCtrl*>(p.heap[p.rank] + ag_ctrl_offset((int)slot1 - 1));
-      for (int r = 0; r < tp; ++r)
-        if (r != me) wait_ge<Scope::kSys>(&last->done[r], ep, p.timeout_ns, site("done(last use)", r));
-    }
-  }
+  if (threadIdx.x == 0) heap_use_wait(p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
   __syncthreads();
   peers_done = true;
 }
@@ -156,13 +140,8 @@ KOSMOS_DEVICE void AgDeviceOps<T>::finish(int grid) {
   if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
   for (int r = 0; r < p.tp; ++r)
     if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
-  if (p.tp > 1) {  // only then was the data region written (and read by peers)
-    volatile HeapUse* use = reinterpret_cast<volatile HeapUse*>(p.heap[p.rank] + kHeapUseOffset);
-    use->slot_plus1 = (uint64_t)(p.ctrl_off - kCtrlTableOffset) / kCtrlStride + 1;
-    use->epoch = epoch;
-    use->tp = (uint32_t)p.tp;
-    use->rank = (uint32_t)p.rank;
-  }
+  if (p.tp > 1)  // only then was the data region written (and read by peers)
+    heap_use_record(p.heap[p.rank], p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->finished = 0;

@@ -29,10 +29,11 @@ struct AgCtrl {
   uint64_t arrived[kMaxRanks * kMaxTileRows];  // [src][t]: epoch src's row t landed here
 };
 
-// The last launch that wrote this device's data region (tp > 1 only): its
-// readers are the group's other ranks, done when ctrl[slot].done[r] >= epoch.
+// The last launch that wrote this device's data region (tp > 1 only), of any op
+// (tp/heap_use.cuh): its readers are the group's other ranks, done when the
+// uint64 done[r] at heap + done_off is >= epoch (AgCtrl::done or RsCtrl::done).
 struct HeapUse {
-  uint64_t slot_plus1;  // 0: the data region was never written
+  uint64_t done_off;  // 0: the data region was never written
   uint64_t epoch;
   uint32_t tp, rank;
 };

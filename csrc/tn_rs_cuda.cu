@@ -1,0 +1,100 @@
+// FFI handler kosmos_tn_rs (CUDA): Y = reduce_scatter_rows(X @ W) over the
+// symmetric heap, one persistent launch (kernels/tp/gemm_rs.cuh). The kernel is
+// 2-D: x [tp * rows, k] whose row chunk c is rank c's share of the output; the
+// Python wrapper (kosmos_jax/ops/_fused_tp.py) folds leading batch dims into it.
+// Grid = min(SMs, cu_cap), one CTA per SM (checked by occupancy at init).
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "handlers.h"
+#include "launch.h"
+#include "runtime.h"
+#include "tp/gemm_rs.cuh"
+
+namespace ffi = xla::ffi;
+
+namespace kosmos {
+
+static PersistentKernels g_kernels{{reinterpret_cast<const void*>(&tn_rs_kernel<float>),
+                                    reinterpret_cast<const void*>(&tn_rs_kernel<half_t>),
+                                    reinterpret_cast<const void*>(&tn_rs_kernel<bf16_t>)},
+                                   sizeof(RsShared), {}};
+
+std::string tn_rs_prepare(int ordinal) { return prepare_all(&g_kernels, ordinal); }
+
+// Band height: one tile row per band (the finest pipelining) unless the chunk
+// has more tile rows than the control block has band flags. Reduce items are
+// single tiles, so reducers balance at tile grain.
+static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N) {
+  const int T = (int)((rows + portable::kBM - 1) / portable::kBM);
+  const int NT = (int)((N + portable::kBN - 1) / portable::kBN);
+  const int R = (T + kRsMaxBands - 1) / kRsMaxBands;
+  return RsShape{tp, rank, T, NT, R, 1};
+}
+
+// "" or why the heap cannot hold this call's staging (rounded up to whole MiB).
+static std::string heap_check(const RsShape& s, int64_t rows, int64_t N, size_t heap_bytes) {
+  const size_t need = kHeapDataOffset + rs_stage_bytes(s);
+  if (need <= heap_bytes) return "";
+  return "kosmos_tn_rs: " + std::to_string(s.tp) + " x " + std::to_string(rows) + " rows x n=" + std::to_string(N) +
+         " need " + std::to_string((need + (1u << 20) - 1) >> 20) + " MiB of heap for the fp32 staging (have " +
+         std::to_string(heap_bytes >> 20) +
+         " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) before the first kosmos op)";
+}
+
+}  // namespace kosmos
+
+using namespace kosmos;
+
+static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                           ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
+                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers) {
+  GroupInfo g;
+  int ctrl_slot = -1;
+  if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
+    return ffi::Error::InvalidArgument(err);
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[0] % tp)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: need x [tp*rows, k] and w [k, n]; got x rank " +
+                                       std::to_string(xd.size()) + ", w rank " + std::to_string(wd.size()) +
+                                       ", tp=" + std::to_string(tp));
+  const int64_t rows = xd[0] / tp, K = xd[1], N = wd[1];
+  const size_t es = ffi::ByteWidth(x.element_type());
+  if (y->size_bytes() != (size_t)(rows * N) * es)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: output has " + std::to_string(y->size_bytes()) +
+                                       " bytes, want " + std::to_string(rows * N * es));
+  const int dt = dtype_index(x.element_type());
+  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_tn_rs: dtype must be f32, f16 or bf16");
+  if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
+  const RsShape shape = rs_shape((int)tp, g.rank, rows, N);
+  if (auto err = heap_check(shape, rows, N, g.heap_bytes); !err.empty()) return ffi::Error::InvalidArgument(err);
+  const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
+  const int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    RsParams<T> p{};
+    p.x = static_cast<const T*>(x.untyped_data());
+    p.w = static_cast<const T*>(w.untyped_data());
+    p.y = static_cast<T*>(y->untyped_data());
+    for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
+    p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N;
+    p.shape = shape; p.reducers = red; p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
+    return launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
+  };
+  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's compute stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // local CUDA ordinal
+                                  .Arg<ffi::AnyBuffer>()                     // x [tp*rows, k]
+                                  .Arg<ffi::AnyBuffer>()                     // w [k, n]
+                                  .Ret<ffi::AnyBuffer>()                     // y [rows, n]
+                                  .Attr<ffi::Span<const int64_t>>("groups")  // [n_groups*tp] global ids
+                                  .Attr<int64_t>("tp")                       // group size
+                                  .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
+                                  .Attr<int64_t>("cu_cap")                   // 0 = all SMs
+                                  .Attr<int64_t>("reducers"));               // -1 = default policy

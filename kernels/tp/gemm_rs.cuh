@@ -1,0 +1,183 @@
+// Fused GEMM + reduce-scatter (paper §3.2.2): Y = reduce_scatter_rows(X @ W) in
+// one persistent launch, one-shot pull. Builders compute fp32 partial tiles of
+// X @ W into this rank's staging buffer in band-major order and publish each
+// completed band; reducers pull band b of our own chunk from every rank, sum the
+// ranks in fixed order in fp32 and round once into Y. The schedule (queues,
+// roles, deadlock freedom) is tp/rs_sched.h, shared with the CPU emulation;
+// this file supplies its device operations.
+//
+// Arrival is signalled by flags (pub[] epochs), not by a NaN sentinel in the
+// data as in the paper: the portable engine stores plain fp32, and an epoch flag
+// costs one release per band rather than a staging refill per launch.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm/portable/tile_gemm.cuh"
+#include "kosmos/cta.h"
+#include "kosmos/platform.h"
+#include "kosmos/queue.h"
+#include "kosmos/sync.h"
+#include "kosmos/types.h"
+#include "tp/heap_use.cuh"
+#include "tp/rs_layout.h"
+#include "tp/rs_sched.h"
+
+namespace kosmos {
+
+// One staged fp32 partial tile: kBM x kBN, row-major, always stored whole (rows
+// and columns past the problem hold zeros and are never read back).
+constexpr size_t kRsTileElems = (size_t)portable::kBM * portable::kBN;
+
+KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s) {
+  return (size_t)rs_n_build(s) * kRsTileElems * sizeof(float);
+}
+
+template <typename T>
+struct RsParams {
+  const T* x;  // [tp * rows, K]: chunk c (rank c's output) is rows [c*rows, (c+1)*rows)
+  const T* w;  // [K, N]
+  T* y;        // [rows, N]: our chunk of the sum over ranks
+  char* heap[kMaxRanks];  // every rank's heap base, mapped here
+  int rank, tp, rows, K, N;
+  RsShape shape;
+  int reducers;
+  size_t ctrl_off;  // this group's RS control block: rs_ctrl_offset(slot), same on every rank
+  uint64_t timeout_ns;
+};
+
+struct RsShared {
+  portable::TileSmem tile;
+  int bcast;
+};
+
+template <typename T>
+struct RsDeviceOps {
+  const RsParams<T>& p;
+  RsShared& sm;
+  RsCtrl* ctrl;
+  uint64_t epoch;
+  bool data_free;  // this CTA has seen the data region's last readers finish
+
+  KOSMOS_DEVICE RsCtrl* ctrl_of(int r) const { return reinterpret_cast<RsCtrl*>(p.heap[r] + p.ctrl_off); }
+  KOSMOS_DEVICE float* stage(int r, int slot) const {
+    return reinterpret_cast<float*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * kRsTileElems;
+  }
+  KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"tn_rs", p.rank, (int)blockIdx.x, flag, i}; }
+  KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
+  KOSMOS_DEVICE WorkQueue build_q() const { return WorkQueue{&ctrl->build_next, 0}; }
+
+  KOSMOS_DEVICE int claim_build() { return bcast(threadIdx.x == 0 ? (int)build_q().claim() : 0); }
+  KOSMOS_DEVICE bool build_claimed(int j) { return bcast(threadIdx.x == 0 ? (int)build_q().claimed((uint32_t)j) : 0); }
+  KOSMOS_DEVICE int claim_reduce() {
+    return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->reduce_next, 0}.claim() : 0);
+  }
+  // Peers read step_claimed[] before waiting on our bands (sys scope: remote reads).
+  KOSMOS_DEVICE void mark_step_claimed(int b) {
+    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->step_claimed[b], epoch);
+  }
+  // The schedule asks for each peer; HeapUse answers for all of them (and for a
+  // previous launch of another op) at once.
+  KOSMOS_DEVICE void wait_peer_done(int) { guard_data(); }
+  KOSMOS_DEVICE void guard_data() {
+    if (data_free) return;
+    if (threadIdx.x == 0) heap_use_wait(p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
+    __syncthreads();
+    data_free = true;
+  }
+  // The barrier puts every thread's staging stores before thread 0's acq_rel add,
+  // so the CTA that completes the band has acquired the whole band.
+  KOSMOS_DEVICE uint32_t band_add(int b, int c) {
+    __syncthreads();
+    return (uint32_t)bcast(
+        threadIdx.x == 0 ? (int)add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(b, c)], 1) : 0);
+  }
+  KOSMOS_DEVICE void publish(int b, int c) {
+    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[rs_flag_index(b, c)], epoch);
+  }
+  KOSMOS_DEVICE void wait_step_claimed(int src, int b) {
+    if (threadIdx.x == 0)
+      wait_ge<Scope::kSys>(&ctrl_of(src)->step_claimed[b], epoch, p.timeout_ns, site("step_claimed", src * kRsMaxBands + b));
+    __syncthreads();
+  }
+  // Band b of our chunk, staged at rank src: every thread's loads of it are
+  // ordered after thread 0's acquire by the barrier.
+  KOSMOS_DEVICE void wait_band(int src, int b) {
+    if (threadIdx.x == 0)
+      wait_ge<Scope::kSys>(&ctrl_of(src)->pub[rs_flag_index(b, p.rank)], epoch, p.timeout_ns,
+                           site("pub", src * kRsMaxBands + b));
+    __syncthreads();
+  }
+  KOSMOS_DEVICE void build(const RsTile& t);
+  KOSMOS_DEVICE void reduce(const RsSlice& sl);
+  KOSMOS_DEVICE void finish(int grid);
+};
+
+// Partial tile t of chunk t.chunk: rows of that chunk's tile row times W's tile
+// column, stored whole into the staging slot rs_stage_slot() names.
+template <typename T>
+KOSMOS_DEVICE void RsDeviceOps<T>::build(const RsTile& t) {
+  guard_data();  // also covers tp == 1, where the schedule never asks for peers
+  const RsShape& s = p.shape;
+  const int tr = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
+  const int r0 = tr * portable::kBM;
+  const int rows = min(portable::kBM, p.rows - r0);
+  const T* a = p.x + ((size_t)t.chunk * p.rows + r0) * p.K;
+  portable::Acc acc;
+  portable::tile_mma(a, rows, p.w, p.K, p.N, tn * portable::kBN, sm.tile, acc);
+  portable::tile_store(acc, stage(p.rank, rs_stage_slot(s, t.band, t.chunk, t.k)), portable::kBM, portable::kBN, 0,
+                       [](int r) { return r; });
+}
+
+// Sums the slice's tiles over ranks 0..tp-1 in that order (rs_reduce_fixed),
+// threads splitting the elements; L2-only loads, since peers and other CTAs
+// wrote the staging during this launch. Rounded once into Y.
+template <typename T>
+KOSMOS_DEVICE void RsDeviceOps<T>::reduce(const RsSlice& sl) {
+  const RsShape& s = p.shape;
+  for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
+    const int slot = rs_stage_slot(s, sl.band, p.rank, k);
+    const int row0 = (sl.band * s.R + k / s.NT) * portable::kBM, col0 = (k % s.NT) * portable::kBN;
+    const int rows = min(portable::kBM, p.rows - row0), cols = min(portable::kBN, p.N - col0);
+    auto inside = [=](uint32_t i) { return (int)(i / portable::kBN) < rows && (int)(i % portable::kBN) < cols; };
+    auto src = [&](int r, uint32_t i) { return inside(i) ? load_cg_elem(stage(r, slot) + i) : 0.f; };
+    auto dst = [&](uint32_t i, float sum) {
+      if (inside(i)) p.y[(size_t)(row0 + i / portable::kBN) * p.N + col0 + i % portable::kBN] = from_f32<T>(sum);
+    };
+    rs_reduce_fixed(p.tp, (uint32_t)kRsTileElems, threadIdx.x, blockDim.x, src, dst);
+  }
+}
+
+// The last CTA to finish tells every peer we are done reading its staging for
+// this epoch, records this launch as the data region's last writer, resets the
+// local counters and advances the epoch: no host work between launches.
+template <typename T>
+KOSMOS_DEVICE void RsDeviceOps<T>::finish(int grid) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
+  for (int r = 0; r < p.tp; ++r)
+    if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
+  if (p.tp > 1)  // peers read our staging only then
+    heap_use_record(p.heap[p.rank], p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
+  const int bands = rs_bands(p.shape);
+  for (int b = 0; b < bands; ++b)
+    for (int c = 0; c < p.tp; ++c) ctrl->band_count[rs_flag_index(b, c)] = 0;
+  ctrl->build_next = 0;
+  ctrl->reduce_next = 0;
+  ctrl->finished = 0;
+  store_release<Scope::kGpu>(&ctrl->epoch, epoch);
+}
+
+// Dynamic shared memory is only padding: it makes two CTAs never fit on one SM.
+template <typename T>
+__global__ void __launch_bounds__(portable::kThreads, 1) tn_rs_kernel(const RsParams<T> p) {
+  __shared__ RsShared sm;
+  RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.heap[p.rank] + p.ctrl_off);
+  // Every CTA reads the epoch before any CTA can finish and advance it.
+  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  RsDeviceOps<T> ops{p, sm, ctrl, epoch, false};
+  rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers);
+}
+
+}  // namespace kosmos
