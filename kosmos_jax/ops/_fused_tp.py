@@ -32,15 +32,20 @@ def _mesh_of(ctx, op):
   return mesh
 
 
-def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers):
-  groups = runtime.groups_from_mesh(_mesh_of(ctx, "ag_tn"), axis_name)
+def _lower_group_op(op, ctx, x, w, *, axis_name, tp, cu_cap, **attrs):
+  """The `kosmos_<op>` custom call with this mesh's groups and their control slots."""
+  groups = runtime.groups_from_mesh(_mesh_of(ctx, op), axis_name)
   if groups.shape[1] != tp:
-    raise ValueError(f"ag_tn: group size {groups.shape[1]} from the mesh != axis size {tp}")
-  runtime.check_groups("ag_tn", groups)
-  return jax.ffi.ffi_lowering("kosmos_ag_tn")(
+    raise ValueError(f"{op}: group size {groups.shape[1]} from the mesh != axis size {tp}")
+  runtime.check_groups(op, groups)
+  return jax.ffi.ffi_lowering(f"kosmos_{op}")(
       ctx, x, w, groups=np.ascontiguousarray(groups.reshape(-1), np.int64), tp=np.int64(tp),
-      slots=runtime.ctrl_slots(groups),
-      cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers))
+      slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
+
+
+def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers):
+  return _lower_group_op("ag_tn", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
+                         movers=np.int64(-1 if movers is None else movers))
 
 
 ag_tn_p.def_abstract_eval(_ag_tn_abstract)
@@ -63,3 +68,59 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
 # ~40x slower than XLA's all-gather + cuBLAS (benchmarks/RESULTS.md) until the
 # Hopper tile engine builds its tiles.
 register_fused("ag_tn", ag_tn_fused)
+
+
+# ---- tn_rs: Y = reduce_scatter_rows(X @ W) (kernels/tp/gemm_rs.cuh) -------------
+tn_rs_p = Primitive("kosmos_tn_rs")
+
+
+def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers):
+  # The kernel is 2-D: x [tp*rows, k] -> y [rows, n]; same manual-axes typing as x.
+  return x.update(shape=(x.shape[0] // tp, w.shape[1]))
+
+
+def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers):
+  return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
+                         reducers=np.int64(-1 if reducers is None else reducers))
+
+
+tn_rs_p.def_abstract_eval(_tn_rs_abstract)
+mlir.register_lowering(tn_rs_p, _tn_rs_lowering, platform="cuda")
+
+
+def _rank_major(x, tp):
+  """[..., m, k] -> [tp*B*(m/tp), k] with rank c's output rows contiguous (chunk c).
+
+  The kernel scatters contiguous row chunks, but with leading batch dims rank c's
+  rows are every batch's c-th block of m/tp rows, so for B > 1 this is a
+  transpose: one extra read and write of x (B*m*k elements) before the kernel.
+  B == 1 is a free reshape."""
+  *lead, m, k = x.shape
+  b = int(np.prod(lead, dtype=np.int64)) if lead else 1
+  if b == 1:
+    return x.reshape(m, k)
+  return x.reshape(b, tp, m // tp, k).transpose(1, 0, 2, 3).reshape(m * b, k)
+
+
+def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None):
+  """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
+  summed over the group in fp32 in rank order and rounded once (bitwise reproducible)."""
+  if not _ext.has_target("kosmos_tn_rs", "cuda"):
+    raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
+  for name, v, lo in (("cu_cap", cu_cap, 1), ("reducers", reducers, 0)):
+    if v is not None and (not isinstance(v, int) or v < lo):
+      raise ValueError(f"tn_rs_fused: {name}={v!r} must be an int >= {lo} or None")
+  runtime.init()  # trace time: heaps exist before any kernel runs
+  tp = int(_compat.axis_size(axis_name))
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)
+  *lead, m, _ = x.shape
+  if m % tp:
+    raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
+  y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cu_cap, reducers=reducers)
+  return y.reshape(*lead, m // tp, w.shape[1])
+
+
+# Selected by impl="fused" / KOSMOS_IMPL=fused only: its portable SIMT builders are
+# far slower than XLA's dot + reduce-scatter until the Hopper engine builds tiles.
+register_fused("tn_rs", tn_rs_fused)
