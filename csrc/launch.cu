@@ -100,7 +100,7 @@ int dtype_index(xla::ffi::DataType t) {
   }
 }
 
-static bool poison_output() {
+bool poison_output() {
   static const bool on = [] {
     const char* s = std::getenv("KOSMOS_POISON_OUTPUT");
     return s && *s && std::string(s) != "0";

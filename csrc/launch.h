@@ -54,6 +54,10 @@ int dtype_index(xla::ffi::DataType t);
 xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, int dtype, void* params,
                                   CUstream_st* stream, int ordinal, int grid, void* y, size_t y_bytes);
 
+// KOSMOS_POISON_OUTPUT=1 (tests): outputs are filled with NaN bytes before a
+// launch, so an element a kernel forgets to write shows up as NaN.
+bool poison_output();
+
 // KOSMOS_TIMEOUT_MS (default 10 s) as nanoseconds: every spin's bound.
 uint64_t timeout_ns();
 

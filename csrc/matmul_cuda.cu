@@ -12,6 +12,7 @@
 
 #include "gemm/portable/tile_engine.cuh"
 #include "handlers.h"
+#include "launch.h"
 #include "matmul.h"
 #include "matmul_sm90.h"
 
@@ -23,16 +24,6 @@ namespace {
 enum Engine : int { kSm90Wide = 0, kSm90Narrow = 1, kPortable = 2 };
 std::atomic<long long> g_runs[3];
 constexpr int kMaxDevices = 64;
-
-// KOSMOS_POISON_OUTPUT=1 (tests): fill C with NaN bytes first, so an element
-// the kernel forgets to write shows up as NaN.
-bool poison_output() {
-  static const bool on = [] {
-    const char* s = std::getenv("KOSMOS_POISON_OUTPUT");
-    return s && *s && std::string(s) != "0";
-  }();
-  return on;
-}
 
 // SM count of `ordinal` and whether sm_90a code runs on it (exactly cc 9.0),
 // cached per device as (sms << 1 | is_sm90); 0 = not read yet.
