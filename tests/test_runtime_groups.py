@@ -51,3 +51,38 @@ def test_fused_ag_refused_on_cpu():
   from kosmos_jax.ops._dispatch import choose
   with pytest.raises(NotImplementedError, match="ag_tn"):
     choose("ag_tn", "fused")
+
+
+class _FakeDev:
+  def __init__(self, i):
+    self.id, self.local_hardware_id = i, i
+
+
+class _FakeModule:
+  """Peer access 0<->1 only; device 2 is local but unreachable from the others."""
+
+  @staticmethod
+  def unreachable(src, dst):
+    ok = {(0, 1), (1, 0)} | {(i, i) for i in range(4)}
+    return "" if (src, dst) in ok else f"no peer access from GPU {src} to GPU {dst}"
+
+
+def _fake_runtime(monkeypatch, remote_hosts):
+  monkeypatch.setattr(runtime, "init", lambda heap_mb=None: {"remote_hosts": remote_hosts})
+  monkeypatch.setattr(runtime, "_module", lambda: _FakeModule)
+  monkeypatch.setattr(runtime, "_local_gpus", lambda: [_FakeDev(i) for i in range(3)])
+
+
+def test_group_spanning_hosts_is_refused_naming_devices(monkeypatch):
+  _fake_runtime(monkeypatch, remote_hosts={8: "node-b"})
+  runtime.check_groups("ag_tn", np.array([[0, 1]]))  # local, peer-connected: accepted
+  with pytest.raises(ValueError, match=r"group \[0, 8\] spans hosts \(device 8 is on 'node-b', device 0 on "):
+    runtime.check_groups("ag_tn", np.array([[0, 1], [0, 8]]))
+
+
+def test_group_without_peer_access_is_refused_naming_devices(monkeypatch):
+  _fake_runtime(monkeypatch, remote_hosts={})
+  with pytest.raises(ValueError, match=r"group \[0, 2\] cannot run fused from device 0: no peer access "
+                                       r"from GPU 0 to GPU 2.*impl='reference'"):
+    runtime.check_groups("tn_rs", np.array([[0, 2]]))
+  runtime.check_groups("tn_rs", np.array([[5, 6]]))  # no local member: not this process's business
