@@ -1,0 +1,378 @@
+"""TP+SP collective GEMMs (issue 6, deliverable 4): AG+GEMM (`ag_tn`) and GEMM+RS
+(`tn_rs`) on the paper's 24 Llama-3 shapes each, at TP = number of GPUs, all arms in
+one run (DESIGN.md §7):
+
+  xla             XLA's collective + dot in jax.shard_map (all_gather -> dot; dot -> psum_scatter)
+  comm_alone      XLA's collective alone (the link half of the floor)
+  gemm_alone      one rank's GEMM with no communication: rows gemm_alone_kosmos
+                  (ops.matmul impl="fused") and gemm_alone_xla (XLA's dot)
+  pallas_mgpu     JAX's Pallas Mosaic-GPU all_gather_lhs_matmul, best of a few tile configs (AG only)
+  kosmos_unfused  XLA's collective, then ops.matmul(impl="fused")
+  kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused"
+  fixed_split     the fused lowering with a fixed initial crew (movers= / reducers=): rows
+                  fixed_split_56 (56 CTAs) and fixed_split_best (best of a small sweep)
+
+Shapes at TP = t: M unchanged, the TP-split dim scaled by 8/t (tp_sp_arms docstring).
+Timing: harness.time_fn (rotated inputs past the L2, pipelined calls, median, slowest
+rank). floor = max(best GEMM alone, collective alone) (communication fully hidden
+behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
+frac_of_floor = floor / arm time; speedup_vs_xla = xla time / arm time. An arm that
+cannot run is recorded with its reason (status unavailable / failed / not_run), never
+replaced by another implementation.
+
+  python benchmarks/tp_sp.py [--kernels ag_tn,tn_rs] [--shapes all|quick|NAME,...]
+      [--arms xla,...] [--dtype bf16] [--reps 5] [--budget-s 0] [--smoke]
+Writes <out-dir>/tp_sp<tag>.csv, tp_sp<tag>_<kernel>.png, tp_sp<tag>_summary.md, appends
+the summary to benchmarks/RESULTS.md (not with --smoke / --no-append), and copies the
+CSV, plots and summary (as tp_sp_summary.md) into $OUT when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import harness  # noqa: E402
+import tp_sp_arms as A  # noqa: E402
+
+KERNELS = ("ag_tn", "tn_rs")
+FAMILIES = ("xla", "comm_alone", "gemm_alone", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split")
+PLOT_ARMS = ("pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split_best", "gemm_alone_kosmos",
+             "gemm_alone_xla")
+COMPARED = ("xla", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split_56", "fixed_split_best")
+QUICK = {"ag_tn": ["8B-QKV-MBS1", "8B-FC1-MBS4", "70B-QKV-MBS2", "70B-FC1-MBS1", "405B-FC1-MBS1"],
+         "tn_rs": ["8B-OProj-MBS1", "8B-Down-MBS4", "70B-OProj-MBS2", "70B-Down-MBS1", "405B-Down-MBS1"]}
+DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16}
+COLUMNS = ("kernel", "shape", "tp", "M", "N", "K", "arm", "variant", "status", "reason", "median_ms", "min_ms",
+           "calls", "reps", "tflops", "speedup_vs_xla", "frac_of_floor", "rel_err_vs_xla")
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--kernels", default="ag_tn,tn_rs")
+  ap.add_argument("--shapes", default="all", help="all | quick | comma-separated shape names")
+  ap.add_argument("--arms", default=",".join(FAMILIES))
+  ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+  ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--tp", type=int, default=0, help="ranks (default: every device)")
+  ap.add_argument("--sweep", default="quick", choices=("quick", "all", "none"),
+                  help="shapes that get the fixed-split sweep (56 is measured on every shape)")
+  ap.add_argument("--slow-ms", type=float, default=1500.0,
+                  help="an arm whose single call takes longer is timed on one call only")
+  ap.add_argument("--target-ms", type=float, default=20.0, help="work per timed repetition")
+  ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting work after this (0: none)")
+  ap.add_argument("--out-dir", default=str(harness.HERE / "out"))
+  ap.add_argument("--tag", default="", help="suffix of the output file names")
+  ap.add_argument("--no-append", action="store_true", help="do not append to benchmarks/RESULTS.md")
+  ap.add_argument("--smoke", action="store_true",
+                  help="tiny shapes, 2 reps, no RESULTS.md entry: runs on CPU virtual devices in seconds")
+  args = ap.parse_args(argv)
+  args.kernels = [k for k in args.kernels.split(",") if k]
+  args.arms = [a for a in args.arms.split(",") if a]
+  for k in args.kernels:
+    if k not in KERNELS:
+      ap.error(f"--kernels: {k!r} is not one of {KERNELS}")
+  for a in args.arms:
+    if a not in FAMILIES:
+      ap.error(f"--arms: {a!r} is not one of {FAMILIES}")
+  if args.smoke:
+    args.reps, args.warmup_s, args.target_ms = min(args.reps, 2), 0.01, 1.0
+  else:
+    args.warmup_s = 0.25
+  return args
+
+
+def select_shapes(kernel, spec, smoke):
+  if smoke:
+    return A.SMOKE[kernel]
+  shapes = harness.paper_shapes(kernel)
+  if spec == "all":
+    return shapes
+  names = QUICK[kernel] if spec == "quick" else spec.split(",")
+  picked = [s for s in shapes if s["name"] in names]
+  if not picked and spec not in ("quick", "all"):
+    print(f"{kernel}: none of --shapes {spec} is a {kernel} shape", flush=True)
+  return picked
+
+
+# ---- timing ------------------------------------------------------------------------
+
+def measure(fn, sets, args):
+  """(Timing, note). One compile call and one probe call size the repetitions; an arm
+  slower than --slow-ms per call (e.g. a SIMT fallback) is timed on a single call so
+  it cannot eat the device time of the whole run."""
+  jax.block_until_ready(fn(*sets[0]))
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn(*sets[-1]))
+  one_ms = (time.perf_counter() - t0) * 1e3
+  if one_ms > args.slow_ms:
+    t = harness.time_fn(fn, sets, warmup=0, calls=1, reps=1, warmup_s=0.0)
+    return t, f"slow arm ({one_ms:.0f} ms/call): one call timed"
+  calls = max(2, min(20, round(args.target_ms / max(one_ms, 1e-3))))
+  return harness.time_fn(fn, sets, warmup=2, calls=calls, reps=args.reps, warmup_s=args.warmup_s), ""
+
+
+@jax.jit
+def _rel_err(y, ref):
+  d = (y.astype(jnp.float32) - ref.astype(jnp.float32))
+  r = ref.astype(jnp.float32)
+  return jnp.sqrt(jnp.sum(d * d)) / jnp.maximum(jnp.sqrt(jnp.sum(r * r)), 1e-30)
+
+
+class Inputs:
+  """Rotated input sets per kind, made on first use and dropped with the problem."""
+
+  def __init__(self, pb):
+    self.pb, self.sets = pb, {}
+
+  def __call__(self, kind):
+    if kind not in self.sets:
+      self.sets[kind] = harness.rotation(lambda i: A.make_inputs(self.pb, i, kind), self.pb.bytes_per_set(kind))
+    return self.sets[kind]
+
+
+# ---- arms -> rows ----------------------------------------------------------------
+
+def _short(e: BaseException) -> str:
+  msg = " ".join(str(e).split())
+  return f"{type(e).__name__}: {msg[:300]}"
+
+
+class NotRun(Exception):
+  """Deliberately not measured (budget, sweep scope); the message says why."""
+
+
+def _refuse(why):
+  raise NotRun(why)
+
+
+def plan(pb, family, args):
+  """[(row arm name, builder)] for one family; a builder returns {variant: (fn, kind)}."""
+  if family == "gemm_alone":
+    return [("gemm_alone_kosmos", lambda: A.arm_gemm_alone(pb, "kosmos")),
+            ("gemm_alone_xla", lambda: A.arm_gemm_alone(pb, "xla"))]
+  if family != "fixed_split":
+    return [(family, lambda: getattr(A, f"arm_{family}")(pb))]
+  grid = A.num_sms()
+  crew = min(A.FIXED_CREW, grid - 1)
+  sweep = args.smoke or args.sweep == "all" or (args.sweep == "quick" and pb.name in QUICK[pb.kernel])
+
+  def best():
+    if not sweep:
+      raise NotRun(f"sweep limited to --sweep={args.sweep} shapes")
+    return A.arm_fixed_split(pb, [c for c in A.sweep_crews(grid) if c != crew])
+  return [("fixed_split_56", lambda: A.arm_fixed_split(pb, [crew])), ("fixed_split_best", best)]
+
+
+def run_arm(pb, arm, build, inputs, args, prior=()):
+  """One CSV row: the best variant's timing, or the reason there is none. Returns
+  (row, measured) where measured = [(variant, Timing, note, fn, kind)]."""
+  row = dict.fromkeys(COLUMNS, "")
+  row.update(kernel=pb.kernel, shape=pb.name, tp=pb.tp, M=pb.M, N=pb.N, K=pb.K, arm=arm)
+  if args.budget_s and time.time() - args.t0 > args.budget_s:
+    return dict(row, status="not_run", reason=f"over --budget-s {args.budget_s:.0f}"), []
+  try:
+    variants = build()
+  except (A.Unavailable, NotRun) as e:
+    return dict(row, status="unavailable" if isinstance(e, A.Unavailable) else "not_run", reason=str(e)), []
+  except Exception as e:  # building the arm failed here: a result, not a crash
+    return dict(row, status="failed", reason=_short(e)), []
+  measured, fails = list(prior), []
+  for name, v in variants.items():
+    if isinstance(v, Exception):
+      fails.append(f"[{name}] {_short(v)}")
+      continue
+    try:
+      t, note = measure(v[0], inputs(v[1]), args)
+      measured.append((name, t, note, v[0], v[1]))
+    except Exception as e:  # e.g. a tile config the kernel rejects, or out of memory
+      fails.append(f"[{name}] {_short(e)}")
+  if not measured:
+    return dict(row, status="failed", reason="; ".join(fails) or "no variant"), []
+  name, t, note, _, _ = min(measured, key=lambda m: m[1].median_ms)
+  row.update(variant=name, status="ok", reason="; ".join(x for x in [note, *fails] if x)[:2000],
+             median_ms=t.median_ms, min_ms=t.min_ms, calls=t.calls_per_rep, reps=t.reps,
+             tflops=pb.flop / t.median_ms * 1e-9)
+  return row, measured
+
+
+def bench_problem(pb, args):
+  """Every requested arm on one problem, then the columns relative to xla and the floor."""
+  inputs, rows, ref = Inputs(pb), [], None
+  for family in args.arms:
+    for arm, build in plan(pb, family, args):
+      prior = ()
+      if arm == "fixed_split_best":
+        prior = [m for r, ms in rows if r["arm"] == "fixed_split_56" for m in ms]
+        if any("slow arm" in m[2] for m in prior):
+          build = functools.partial(_refuse, "sweep skipped: the fused op is slower than --slow-ms")
+      row, measured = run_arm(pb, arm, build, inputs, args, prior)
+      if row["status"] == "ok" and arm in COMPARED:
+        best = min(measured, key=lambda m: m[1].median_ms)
+        y = best[3](*inputs(best[4])[0])
+        if arm == "xla":
+          ref = y
+        elif ref is not None:
+          row["rel_err_vs_xla"] = float(_rel_err(y, ref))
+        del y
+      rows.append((row, measured))
+  del inputs, ref
+  return derive([r for r, _ in rows])
+
+
+def derive(rows):
+  """speedup_vs_xla and frac_of_floor from the problem's own xla / floor rows."""
+  ok = {r["arm"]: r["median_ms"] for r in rows if r["status"] == "ok"}
+  gemm = [ok[a] for a in ("gemm_alone_kosmos", "gemm_alone_xla") if a in ok]
+  floor = max(min(gemm), ok.get("comm_alone", 0.0)) if gemm else None
+  for r in rows:
+    if r["status"] != "ok":
+      continue
+    if "xla" in ok:
+      r["speedup_vs_xla"] = ok["xla"] / r["median_ms"]
+    if floor is not None:
+      r["frac_of_floor"] = floor / r["median_ms"]
+  return rows
+
+
+# ---- summary, plots, main ------------------------------------------------------------
+
+def geomean(xs):
+  xs = [x for x in xs if x]
+  return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _arm_table(rows, kernel):
+  lines = [f"### {kernel}", "", "| arm | ok shapes | geomean speedup vs xla | worst shape (speedup) | "
+           "geomean frac. of floor | min frac. of floor | median TFLOP/s per GPU |", "| --- " * 7 + "|"]
+  arms = list(dict.fromkeys(r["arm"] for r in rows if r["kernel"] == kernel))
+  for arm in arms:
+    rs = [r for r in rows if r["kernel"] == kernel and r["arm"] == arm and r["status"] == "ok"]
+    n_all = sum(1 for r in rows if r["kernel"] == kernel and r["arm"] == arm)
+    if not rs:
+      lines.append(f"| {arm} | 0 / {n_all} | - | - | - | - | - |")
+      continue
+    sp = [r for r in rs if r["speedup_vs_xla"] != ""]
+    worst = min(sp, key=lambda r: r["speedup_vs_xla"]) if sp else None
+    ff = [r["frac_of_floor"] for r in rs if r["frac_of_floor"] != ""]
+    tf = sorted(r["tflops"] for r in rs)
+    lines.append(f"| {arm} | {len(rs)} / {n_all} | {geomean(r['speedup_vs_xla'] for r in sp):.3f} | "
+                 + (f"{worst['shape']} ({worst['speedup_vs_xla']:.3f})" if worst else "-")
+                 + f" | {geomean(ff):.3f} | " + (f"{min(ff):.3f}" if ff else "-") + f" | {tf[len(tf) // 2]:.4g} |")
+  return lines
+
+
+def _switching_lines(rows, kernel):
+  """Default (switching, default initial crew) fused time vs each fixed initial crew."""
+  by = {(r["shape"], r["arm"]): r for r in rows if r["kernel"] == kernel and r["status"] == "ok"}
+  out = []
+  for fixed in ("fixed_split_56", "fixed_split_best"):
+    ratios = [by[(s, fixed)]["median_ms"] / by[(s, "kosmos_fused")]["median_ms"]
+              for (s, a) in by if a == fixed and (s, "kosmos_fused") in by]
+    if ratios:
+      out.append(f"- {kernel}: {fixed} time / kosmos_fused time, geomean over {len(ratios)} shapes: "
+                 f"{geomean(ratios):.3f} (> 1: the default crew beats this fixed initial crew)")
+  return out
+
+
+def summarize(rows, args):
+  lines = [f"TP = {rows[0]['tp'] if rows else '?'}; dtype {args.dtype}; shapes: "
+           + ("smoke (tiny)" if args.smoke else f"paper TP-8 shapes, TP-split dim scaled by 8/TP, M unchanged "
+              f"(ag_tn: N; tn_rs: K); --shapes {args.shapes}"),
+           "speedup = xla ms / arm ms; frac. of floor = max(best GEMM alone, collective alone) ms / arm ms.", ""]
+  for k in args.kernels:
+    lines += _arm_table(rows, k) + [""]
+  sw = [x for k in args.kernels for x in _switching_lines(rows, k)]
+  lines += sw or ["- fixed split: no shape has both kosmos_fused and a fixed split measured"]
+  lines.append("- fixed split fixes only the initial crew (movers= / reducers=); the kernels' one-way role "
+               "switching cannot be turned off from Python, so this is not a switching-on/off comparison")
+  reasons = {}
+  for r in rows:
+    if r["status"] != "ok":
+      reasons.setdefault((r["kernel"], r["arm"], r["status"], r["reason"][:240]), []).append(r["shape"])
+  if reasons:
+    lines += ["", "Not measured:"]
+    lines += [f"- {k} {a} {st} on {len(sh)} shape(s): {why}" for (k, a, st, why), sh in reasons.items()]
+  return "\n".join(lines)
+
+
+def plots(rows, args, out_dir):
+  """Speedup vs xla per shape and arm, one PNG per kernel (the paper's Figure 7 form)."""
+  paths = []
+  for k in args.kernels:
+    rs = [r for r in rows if r["kernel"] == k]
+    names = list(dict.fromkeys(r["shape"] for r in rs))
+    by = {(r["shape"], r["arm"]): r["speedup_vs_xla"] for r in rs if r["status"] == "ok" and r["speedup_vs_xla"] != ""}
+    series = {a: [by.get((s, a), float("nan")) for s in names] for a in PLOT_ARMS if any((s, a) in by for s in names)}
+    if not names or not series:
+      continue
+    path = out_dir / f"tp_sp{args.tag}_{k}.png"
+    harness.bar_plot(names, series, path, ylabel="XLA time / arm time",
+                     title=f"{k}: speedup over XLA collective + dot, TP {rs[0]['tp']}, {args.dtype}")
+    paths.append(path)
+  return paths
+
+
+def run_all(args, mesh):
+  rows, out_dir = [], pathlib.Path(args.out_dir)
+  csv_path = out_dir / f"tp_sp{args.tag}.csv"
+  for k in args.kernels:
+    for sh in select_shapes(k, args.shapes, args.smoke):
+      pb = A.problem(k, sh, mesh.size, mesh, DTYPES[args.dtype], smoke=args.smoke)
+      rs = bench_problem(pb, args)
+      rows += rs
+      print(f"{time.time() - args.t0:7.1f}s {k} {pb.name:16s} M={pb.M} N={pb.N} K={pb.K}  " + "  ".join(
+          f"{r['arm']}={r['median_ms']:.3f}ms" if r["status"] == "ok" else f"{r['arm']}={r['status']}" for r in rs),
+          flush=True)
+      harness.write_csv(rows, csv_path)  # after every shape: a run cut short keeps what it measured
+  return rows, csv_path
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  args.t0 = time.time()
+  tp = args.tp or len(jax.devices())
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:tp]), (A.AXIS,))
+  rows, csv_path = run_all(args, mesh)
+  if not rows:
+    raise SystemExit("no shapes selected")
+  out_dir = csv_path.parent
+  try:
+    pngs = plots(rows, args, out_dir)
+  except Exception as e:  # a plotting problem must not cost the measured numbers
+    print(f"plots skipped: {_short(e)}")
+    pngs = []
+  body = summarize(rows, args)
+  print(body)
+  env = harness.environment()
+  head = (f"date {env['date']}; device {env['device']}; commit {env['commit']}; jax {env['jax']}; "
+          f"command `{env['command']}`\n\n")
+  summary = out_dir / f"tp_sp{args.tag}_summary.md"
+  summary.write_text(head + body + "\n")
+  if os.environ.get("OUT"):
+    dest = pathlib.Path(os.environ["OUT"])
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "tp_sp_summary.md").write_text(head + body + "\n")
+    for p in (csv_path, *pngs):
+      shutil.copy(p, dest / p.name)
+  if not (args.smoke or args.no_append):
+    harness.append_results(f"TP+SP collective GEMMs ({', '.join(args.kernels)}) vs XLA, "
+                           f"TP {mesh.size}, {args.dtype}", body)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,265 @@
+"""The problems and the arms of benchmarks/tp_sp.py (TP+SP collective GEMMs).
+
+Shape map (DESIGN.md §7; benchmarks/data/paper_tp_shapes.json): the paper gives each
+GEMM at TP 8 as (M, N, K) with M the total token rows and N, K what one rank holds.
+Only one of N, K is actually split by tensor parallelism:
+  ag_tn  (column-parallel fprop, Y = AG(X) @ W): N = out features / 8 is split; K = hidden
+         is whole on every rank.  At TP = t: N_t = 8 N / t, K and M unchanged.
+  tn_rs  (row-parallel fprop, Y = RS(X @ W)):    K = in features / 8 is split; N = hidden
+         is whole on every rank.  At TP = t: K_t = 8 K / t, N and M unchanged.
+(Check: 405B ffn 53248 -> FC1 N = 2*53248/8 = 13312, Down K = 53248/8 = 6656.) So each
+rank's GEMM grows by 8/t while the gathered / scattered bytes per rank stay M x K
+(resp. M x N): TP 2 is the paper's problem with 4x the GEMM per byte moved.
+
+Every arm is a jitted function of global, sharded (x, w) run through jax.shard_map;
+an arm that cannot run here raises Unavailable(reason) and is recorded, never
+replaced by another implementation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kosmos_jax import ops
+
+PAPER_TP = 8
+AXIS = "tp"
+SPLIT_DIM = {"ag_tn": "N", "tn_rs": "K"}  # the per-rank dim that TP divides
+KNOB = {"ag_tn": "movers", "tn_rs": "reducers"}  # initial crew knob of the fused lowering
+FIXED_CREW = 56  # the brief's fixed split: 56 of 132 CTAs start in the comm role
+SWEEP = (0, 8, 16, 33, 56, 88)  # small sweep for the best fixed split (grid-clamped)
+# Smoke shapes: tiny, divisible by 2 and 4 ranks, so CPU virtual devices run them in ms.
+SMOKE = {"ag_tn": [dict(name="smoke-a", M=64, N=32, K=48), dict(name="smoke-b", M=128, N=16, K=32)],
+         "tn_rs": [dict(name="smoke-a", M=64, N=48, K=32), dict(name="smoke-b", M=128, N=32, K=16)]}
+
+
+class Unavailable(Exception):
+  """The arm cannot run in this environment; the message is the recorded reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  kernel: str
+  name: str
+  tp: int
+  M: int  # total rows
+  N: int  # per rank, as run
+  K: int  # per rank, as run
+  dtype: object
+  mesh: jax.sharding.Mesh
+
+  @property
+  def flop(self) -> float:
+    return 2.0 * self.M * self.N * self.K  # one rank's GEMM; every rank does the same
+
+  @property
+  def specs(self):
+    """(x spec, w spec, out spec) of the global arrays."""
+    if self.kernel == "ag_tn":  # x rows split (SP), w columns split (TP)
+      return P(AXIS, None), P(None, AXIS), P(None, AXIS)
+    return P(None, AXIS), P(AXIS, None), P(AXIS, None)  # x cols and w rows split; y rows scattered
+
+  @property
+  def global_shapes(self):
+    if self.kernel == "ag_tn":
+      return (self.M, self.K), (self.K, self.tp * self.N)
+    return (self.M, self.tp * self.K), (self.tp * self.K, self.N)
+
+  def bytes_per_set(self, kind="std") -> int:  # one rank's inputs
+    rows = self.M // self.tp if self.kernel == "ag_tn" and kind == "std" else self.M
+    return jnp.dtype(self.dtype).itemsize * (rows * self.K + self.K * self.N)
+
+
+def problem(kernel, shape, tp, mesh, dtype, *, smoke=False) -> Problem:
+  """The paper's TP-8 shape at TP = tp (module docstring); smoke shapes are taken as given."""
+  M, N, K = shape["M"], shape["N"], shape["K"]
+  if not smoke:
+    dim = SPLIT_DIM[kernel]
+    full = (N if dim == "N" else K) * PAPER_TP
+    if full % tp:
+      raise ValueError(f"{kernel} {shape['name']}: {dim}*{PAPER_TP}={full} does not divide by tp={tp}")
+    N, K = (full // tp, K) if dim == "N" else (N, full // tp)
+  if M % tp:
+    raise ValueError(f"{kernel} {shape['name']}: M={M} does not divide by tp={tp}")
+  return Problem(kernel, shape["name"], tp, M, N, K, dtype, mesh)
+
+
+def make_inputs(pb: Problem, i: int, kind: str = "std") -> tuple:
+  """Fresh (x, w) set i, generated already sharded (no full copy on one device)."""
+  xs, ws, _ = pb.specs
+  shapes = pb.global_shapes
+  if kind == "full_rows" and pb.kernel == "ag_tn":  # every rank gets M rows of its own
+    shapes, xs = ((pb.tp * pb.M, pb.K), shapes[1]), P(AXIS, None)
+  return tuple(_normal(shape, jnp.dtype(pb.dtype), NamedSharding(pb.mesh, spec))(jax.random.key(7919 * i + j))
+               for j, (shape, spec) in enumerate(zip(shapes, (xs, ws))))
+
+
+@functools.lru_cache(maxsize=64)
+def _normal(shape, dtype, sharding):
+  # One compiled generator per (shape, dtype, sharding): the rotation makes up to 16 sets.
+  return jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype), out_shardings=sharding)
+
+
+def _smap(pb, body, *, in_x=None, out_spec=None, check_vma=True):
+  xs, ws, ys = pb.specs
+  if pb.kernel == "tn_rs" and in_x is not None:
+    in_x = None  # tn_rs's x is already the per-rank GEMM operand
+  return jax.jit(jax.shard_map(body, mesh=pb.mesh, in_specs=(in_x or xs, ws), out_specs=out_spec or ys,
+                               check_vma=check_vma))
+
+
+def _gather(x):
+  return jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+
+
+def _scatter(y):
+  return jax.lax.psum_scatter(y, AXIS, scatter_dimension=0, tiled=True)
+
+
+def _need_fused(op):
+  ok, why = ops.fused_status(op)
+  if not ok:
+    raise Unavailable(f"fused {op} unavailable: {why}")
+
+
+def _kosmos_gemm(a, b):
+  return ops.matmul(a, b, layout="TN", impl="fused")
+
+
+# ---- arm builders: Problem -> {variant: (jitted fn(x, w), input kind)} ------------
+# Input kind "std" is the op's own sharded (x, w); "full_rows" gives every rank all M
+# rows of x (global [tp*M, K], rows split), so a GEMM-alone arm needs no gather or copy.
+
+def arm_xla(pb):
+  """XLA's own collective and dot (NCCL + cuBLAS on GPU): the baseline."""
+  if pb.kernel == "ag_tn":
+    return {"": (_smap(pb, lambda x, w: _gather(x) @ w), "std")}
+  return {"": (_smap(pb, lambda x, w: _scatter(x @ w)), "std")}  # bf16 partials summed by NCCL
+
+
+def arm_comm_alone(pb):
+  """XLA's collective alone: the bytes-over-link half of the floor."""
+  if pb.kernel == "ag_tn":  # each rank's gathered [M, K], concatenated over ranks
+    return {"": (_smap(pb, lambda x, w: _gather(x), out_spec=P(AXIS, None), check_vma=False), "std")}
+
+  def rs_only(x, w):  # an [M, N] partial like the GEMM's (costs one elementwise write of it)
+    return _scatter(jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[1])) + w[:1, :])
+  return {"": (_smap(pb, rs_only), "std")}
+
+
+def arm_gemm_alone(pb, which):
+  """One rank's whole GEMM with no communication (the compute floor)."""
+  if which == "kosmos":
+    _need_fused("matmul")
+  dot = _kosmos_gemm if which == "kosmos" else (lambda a, b: a @ b)
+  kind = "full_rows" if pb.kernel == "ag_tn" else "std"
+  return {"": (_smap(pb, dot, in_x=P(AXIS, None), out_spec=P(AXIS, None)), kind)}
+
+
+def arm_kosmos_unfused(pb):
+  """XLA's collective, then our Hopper GEMM."""
+  _need_fused("matmul")
+  if pb.kernel == "ag_tn":
+    return {"": (_smap(pb, lambda x, w: _kosmos_gemm(_gather(x), w)), "std")}
+  return {"": (_smap(pb, lambda x, w: _scatter(_kosmos_gemm(x, w))), "std")}
+
+
+def arm_kosmos_fused(pb):
+  _need_fused(pb.kernel)
+  op = getattr(ops, pb.kernel)
+  return {"": (_smap(pb, lambda x, w: op(x, w, axis_name=AXIS, impl="fused")), "std")}
+
+
+def fused_lowering(kernel):
+  """The fused lowering with its initial-crew knob, or Unavailable if it has none."""
+  _need_fused(kernel)
+  from kosmos_jax.ops import _fused_tp
+  fn = getattr(_fused_tp, f"{kernel}_fused", None)
+  if fn is None or KNOB[kernel] not in inspect.signature(fn).parameters:
+    raise Unavailable(f"not supported: the {kernel} fused lowering exposes no {KNOB[kernel]}= knob")
+  return fn
+
+
+def arm_fixed_split(pb, crews):
+  """The fused op with `crews` CTAs starting in the comm role. Only the initial crew is
+  fixed: the kernels' one-way role switching (kernels/include/kosmos/roles.h) cannot be
+  turned off from Python, so this measures the initial split, not switching on vs off."""
+  fn = fused_lowering(pb.kernel)
+  return {f"{KNOB[pb.kernel]}={c}": (_smap(pb, functools.partial(_crew_call, fn, KNOB[pb.kernel], c)), "std")
+          for c in crews}
+
+
+def _crew_call(fn, knob, crew, x, w):
+  return fn(x, w, axis_name=AXIS, **{knob: crew})
+
+
+def num_sms() -> int:
+  return int(getattr(jax.devices()[0], "core_count", 0) or 132)
+
+
+def sweep_crews(grid: int) -> list[int]:
+  return sorted({min(c, grid - 1) for c in (*SWEEP, FIXED_CREW)})
+
+
+# ---- JAX's Pallas Mosaic-GPU all-gather matmul (AG only) --------------------------
+# Tile configs to try; the best median wins. Its API has changed across JAX releases
+# (a TuningConfig in 0.10, separate block_* arguments before), so the call is built
+# from the signature found at run time and anything else is recorded as a failure.
+PALLAS_CONFIGS = (
+    dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4),
+    dict(tile_m=128, tile_n=256, tile_k=64, max_concurrent_steps=4),
+    dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4, wg_dimension="M"),
+    dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=5, grid_minor_dim="M", grid_tile_width=8),
+)
+
+
+def _pallas_module():
+  if jax.devices()[0].platform != "gpu":
+    raise Unavailable(f"Mosaic GPU kernels need a CUDA GPU (platform is {jax.devices()[0].platform})")
+  try:
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as mod
+  except Exception as e:  # absent or broken in this JAX: record why
+    raise Unavailable(f"import collective_matmul_mgpu failed: {type(e).__name__}: {e}") from None
+  if not hasattr(mod, "all_gather_lhs_matmul"):
+    raise Unavailable("collective_matmul_mgpu has no all_gather_lhs_matmul")
+  return mod
+
+
+def _pallas_kwargs(mod, cfg: dict, dtype) -> dict:
+  params = inspect.signature(mod.all_gather_lhs_matmul).parameters
+  kw = {"dtype": dtype} if "dtype" in params else {}  # its default is float16
+  if "config" in params:
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+    tc = getattr(mod, "TuningConfig", None) or hm.TuningConfig
+    names = {f.name for f in dataclasses.fields(tc)}
+    vals = {k: (hm.MatmulDimension[v] if isinstance(v, str) else v) for k, v in cfg.items() if k in names}
+    return dict(kw, config=tc(**vals))
+  if "block_m" in params:  # older API: one CTA row band per SM group
+    return dict(kw, block_m=cfg["tile_m"], block_n=cfg["tile_n"], block_k=cfg["tile_k"],
+                max_concurrent_steps=cfg["max_concurrent_steps"], sm_n_tile=1)
+  raise Unavailable(f"unknown all_gather_lhs_matmul signature {list(params)}")
+
+
+def arm_pallas_mgpu(pb):
+  """One variant per tile config; building fails per config, recorded by the caller."""
+  if pb.kernel != "ag_tn":
+    raise Unavailable("not applicable: collective_matmul_mgpu only has an all-gather matmul")
+  mod = _pallas_module()
+  arms = {}
+  for cfg in PALLAS_CONFIGS:
+    name = ",".join(f"{k}={v}" for k, v in cfg.items())
+    try:
+      body = functools.partial(mod.all_gather_lhs_matmul, axis_name=AXIS, **_pallas_kwargs(mod, cfg, pb.dtype))
+    except Unavailable:  # the API itself does not fit: the whole arm is unavailable
+      raise
+    except Exception as e:  # this config is rejected: the caller records it, the others still run
+      arms[name] = e
+      continue
+    arms[name] = (_smap(pb, body, check_vma=False), "std")
+  return arms

@@ -1,0 +1,87 @@
+"""benchmarks/tp_sp.py --smoke on CPU virtual devices: the CSV has its columns, every
+arm has a time or a reason, and the arms that need the CUDA build are recorded as
+unavailable (never silently run as the reference). Runs as a subprocess so the
+benchmark gets its own device count; tests never time, so no number is checked."""
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from kosmos_jax import ops
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COLUMNS = ["kernel", "shape", "tp", "M", "N", "K", "arm", "variant", "status", "reason", "median_ms", "min_ms",
+           "calls", "reps", "tflops", "speedup_vs_xla", "frac_of_floor", "rel_err_vs_xla"]
+ARMS = {"xla", "comm_alone", "gemm_alone_kosmos", "gemm_alone_xla", "pallas_mgpu", "kosmos_unfused",
+        "kosmos_fused", "fixed_split_56", "fixed_split_best"}
+NEEDS_OP = {"gemm_alone_kosmos": "matmul", "kosmos_unfused": "matmul", "kosmos_fused": None,
+            "fixed_split_56": None, "fixed_split_best": None}  # None: the row's own kernel
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("tp_sp")
+  results = (ROOT / "benchmarks" / "RESULTS.md").read_bytes()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+             OUT=str(tmp / "out"))
+  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--out-dir", str(tmp / "bench")],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert (ROOT / "benchmarks" / "RESULTS.md").read_bytes() == results, "--smoke must not append to RESULTS.md"
+  with (tmp / "bench" / "tp_sp.csv").open() as f:
+    reader = csv.DictReader(f)
+    return tmp, reader.fieldnames, list(reader)
+
+
+def test_csv_columns_and_coverage(smoke):
+  _, fields, rows = smoke
+  assert fields == COLUMNS
+  assert {r["kernel"] for r in rows} == {"ag_tn", "tn_rs"}
+  for k in ("ag_tn", "tn_rs"):
+    shapes = {r["shape"] for r in rows if r["kernel"] == k}
+    assert len(shapes) == 2
+    for s in shapes:  # one row per shape x arm
+      assert sorted(r["arm"] for r in rows if r["kernel"] == k and r["shape"] == s) == sorted(ARMS)
+  assert {r["tp"] for r in rows} == {"4"}
+
+
+def test_every_arm_has_time_or_reason(smoke):
+  _, _, rows = smoke
+  for r in rows:
+    what = f"{r['kernel']} {r['shape']} {r['arm']}"
+    if r["status"] == "ok":
+      assert float(r["median_ms"]) > 0 and float(r["tflops"]) > 0, what
+      assert r["speedup_vs_xla"] and r["frac_of_floor"], what
+    else:
+      assert r["status"] in ("unavailable", "failed", "not_run") and r["reason"].strip(), what
+      assert r["median_ms"] == "", what
+  assert all(r["status"] == "ok" for r in rows if r["arm"] in ("xla", "comm_alone", "gemm_alone_xla"))
+
+
+def test_fused_arms_unavailable_on_cpu(smoke):
+  _, _, rows = smoke
+  for r in rows:
+    if r["arm"] in NEEDS_OP:
+      op = NEEDS_OP[r["arm"]] or r["kernel"]
+      ok, why = ops.fused_status(op)
+      if ok:
+        pytest.skip("the fused kernels are usable here; this test is for CPU-only machines")
+      assert r["status"] == "unavailable", (r["arm"], r["status"], r["reason"])
+      assert why in r["reason"], (r["arm"], r["reason"])
+    if r["arm"] == "pallas_mgpu":
+      assert r["status"] == "unavailable"
+      assert ("not applicable" if r["kernel"] == "tn_rs" else "CUDA GPU") in r["reason"]
+
+
+def test_outputs_written(smoke):
+  tmp, _, _ = smoke
+  summary = (tmp / "out" / "tp_sp_summary.md").read_text()
+  assert "### ag_tn" in summary and "### tn_rs" in summary and "Not measured:" in summary
+  for name in ("tp_sp.csv", "tp_sp_ag_tn.png", "tp_sp_tn_rs.png"):
+    assert (tmp / "out" / name).stat().st_size > 0
+    assert (tmp / "bench" / name).stat().st_size > 0
