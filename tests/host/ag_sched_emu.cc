@@ -16,22 +16,14 @@
 #include "kosmos/sync.h"
 #include "tp/ag_sched.h"
 
+#include "emu_check.h"
+
 using namespace kosmos;
 
 namespace {
 
 constexpr uint64_t kTimeoutNs = 20ull * 1000 * 1000 * 1000;
-int g_failures = 0;
 
-#define EMU_CHECK(cond, ...)                                  \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
-      std::printf(__VA_ARGS__);                               \
-      std::printf("\n");                                      \
-      __atomic_fetch_add(&g_failures, 1, __ATOMIC_RELAXED);   \
-    }                                                         \
-  } while (0)
 
 uint64_t tag(uint64_t e, int src, int t) { return (e << 32) | (uint64_t)(src << 16) | (uint64_t)t; }
 
@@ -161,6 +153,6 @@ int main() {
       EMU_CHECK(ranks[r]->epoch == (uint64_t)c.epochs, "rank %d ended at epoch %llu", r,
                 (unsigned long long)ranks[r]->epoch);
   }
-  std::printf("%zu cases, %d failures\n", cases.size(), g_failures);
-  return g_failures ? 1 : 0;
+  std::printf("%zu cases, %d failures\n", cases.size(), emu::g_failures);
+  return emu::g_failures ? 1 : 0;
 }

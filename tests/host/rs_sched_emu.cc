@@ -24,25 +24,17 @@
 #include "tp/rs_layout.h"
 #include "tp/rs_sched.h"
 
+#include "emu_check.h"
+
 using namespace kosmos;
 
 namespace {
 
 constexpr int kElems = 6;  // fp32 elements per emulated tile
 uint64_t g_timeout_ns = 10ull * 1000 * 1000 * 1000;
-int g_failures = 0;
 long g_order_sensitive = 0;  // elements whose sum changes with rank order
 long g_help_builds = 0;      // tiles built by a CTA already reducing (the claim rule at work)
 
-#define EMU_CHECK(cond, ...)                                  \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
-      std::printf(__VA_ARGS__);                               \
-      std::printf("\n");                                      \
-      __atomic_fetch_add(&g_failures, 1, __ATOMIC_RELAXED);   \
-    }                                                         \
-  } while (0)
 
 uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -308,6 +300,6 @@ int main() {
   // Coverage: some reducer had to build its step itself (partial residency).
   EMU_CHECK(g_help_builds > 0, "no reducer ever built a tile: the claim rule was not exercised");
   std::printf("%zu cases, %ld order-sensitive sums, %ld tiles built by reducers, %d failures\n", cases.size(),
-              g_order_sensitive, g_help_builds, g_failures);
-  return g_failures ? 1 : 0;
+              g_order_sensitive, g_help_builds, emu::g_failures);
+  return emu::g_failures ? 1 : 0;
 }
