@@ -24,7 +24,6 @@ namespace {
 
 constexpr uint64_t kTimeoutNs = 20ull * 1000 * 1000 * 1000;
 
-
 uint64_t tag(uint64_t e, int src, int t) { return (e << 32) | (uint64_t)(src << 16) | (uint64_t)t; }
 
 // One rank's device memory: control words as in the kernel, plus payload slots.

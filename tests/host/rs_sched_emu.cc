@@ -35,7 +35,6 @@ uint64_t g_timeout_ns = 10ull * 1000 * 1000 * 1000;
 long g_order_sensitive = 0;  // elements whose sum changes with rank order
 long g_help_builds = 0;      // tiles built by a CTA already reducing (the claim rule at work)
 
-
 uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
