@@ -2,11 +2,20 @@
 // heap. Reads XLA's stream and device ordinal, finds this device's rank in its
 // group (static attribute of global device ids), and launches one persistent
 // kernel with grid = min(SMs, cu_cap), one CTA per SM (checked by occupancy).
+// bf16 on a compute-capability-9.0 device runs the Hopper builders
+// (ag_tn_sm90.h); other dtypes, devices and TMA-unfriendly shapes run the
+// portable builders, as does KOSMOS_FUSED_BUILDERS=portable. Both are the same
+// fused kernel design; which ran is counted (ag_tn_engine_runs), never assumed.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
+#include "ag_tn_sm90.h"
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
@@ -23,11 +32,53 @@ static PersistentKernels g_kernels{{reinterpret_cast<const void*>(&ag_tn_kernel<
                                     reinterpret_cast<const void*>(&ag_tn_kernel<bf16_t>)},
                                    sizeof(AgShared), {}};
 
-std::string ag_tn_prepare(int ordinal) { return prepare_all(&g_kernels, ordinal); }
+static std::atomic<long long> g_runs[2];  // launches: [0] Hopper builders, [1] portable
+
+std::string ag_tn_prepare(int ordinal) {
+  std::string err = prepare_all(&g_kernels, ordinal);
+  return err.empty() ? ag_tn_sm90_prepare(ordinal) : err;
+}
+
+std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
+  return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
+}
+
+// KOSMOS_FUSED_BUILDERS=portable: the portable builders even where the Hopper
+// ones could run (comparisons, debugging).
+bool force_portable_builders() {
+  static const bool on = [] {
+    const char* s = std::getenv("KOSMOS_FUSED_BUILDERS");
+    return s && std::string(s) == "portable";
+  }();
+  return on;
+}
+
+// The Hopper builders take this launch: bf16, an sm_90 device, and the
+// 16-byte alignment TMA needs (leading dimensions K and N, base pointers).
+static bool use_sm90(int ordinal, int dt, int64_t K, int64_t N, const void* x, const void* w, const void* y) {
+  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  return dt == 2 && !force_portable_builders() && ag_tn_sm90_ready(ordinal) && K % 8 == 0 && N % 8 == 0 &&
+         aligned(x) && aligned(w) && aligned(y);
+}
 
 }  // namespace kosmos
 
 using namespace kosmos;
+
+// 8 tile rows per build band: 8 x 128 rows of A plus a band of W columns stay
+// in L2 across a wave (as gemm/sm90/gemm_kernel.cuh's kSwizzleGroup).
+constexpr int kAgSwizzle = 8;
+
+static ffi::Error launch_sm90(const AgParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && poison_output()) e = cudaMemsetAsync(p.y, 0xFF, y_bytes, stream);
+  if (e == cudaSuccess) e = ag_tn_sm90_launch(p, grid, stream);
+  if (e != cudaSuccess)
+    return ffi::Error::Internal("kosmos_ag_tn: Hopper launch of " + std::to_string(grid) + " CTAs on ordinal " +
+                                std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
+  g_runs[0]++;
+  return ffi::Error::Success();
+}
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -43,8 +94,13 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   for (size_t i = 0; i + 1 < xd.size(); ++i) rows *= xd[i];
   const int64_t m_local = xd[xd.size() - 2], K = xd.back(), N = wd[1];
   const size_t es = ffi::ByteWidth(x.element_type());
-  const size_t slot = ag_slot_bytes(rows, K, es);
+  const int dt = dtype_index(x.element_type());
+  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
+  const bool sm90 = use_sm90(ordinal, dt, K, N, x.untyped_data(), w.untyped_data(), y->untyped_data());
   const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
+  // The Hopper builders read every shard as whole 128-row tiles of one matrix.
+  const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
+  const int tile_n = sm90 ? ag_tn_sm90_tile_n() : portable::kBN;
   if (y->size_bytes() != (size_t)(rows * tp * N) * es)
     return ffi::Error::InvalidArgument("kosmos_ag_tn: output has " + std::to_string(y->size_bytes()) + " bytes, want " +
                                        std::to_string(rows * tp * N * es));
@@ -58,9 +114,8 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (reinterpret_cast<uintptr_t>(x.untyped_data()) % kVecBytes)
     return ffi::Error::InvalidArgument("kosmos_ag_tn: x is not 16-byte aligned");
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
-  const int mv = movers < 0 ? default_movers(grid, (int)tp) : (int)(movers > grid ? grid : movers);
-  const int dt = dtype_index(x.element_type());
-  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
+  int mv = movers < 0 ? default_movers(grid, (int)tp) : (int)(movers > grid ? grid : movers);
+  if (sm90 && tp > 1 && mv < 1) mv = 1;  // Hopper builders never move (tp/ag_gemm_sm90.cuh)
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     AgParams<T> p{};
@@ -70,9 +125,14 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
-    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + portable::kBN - 1) / portable::kBN)};
+    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
     p.movers = mv; p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
-    return launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
+    }
+    ffi::Error err = launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
+    if (err.success()) g_runs[1]++;
+    return err;
   };
   return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
 }

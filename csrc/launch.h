@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tp/ag_layout.h"
 #include "xla/ffi/api/ffi.h"
@@ -64,5 +66,9 @@ uint64_t timeout_ns();
 // Per-kernel preparation, run by runtime init for every local device.
 std::string ag_tn_prepare(int ordinal);
 std::string tn_rs_prepare(int ordinal);
+
+// Test hook: kosmos_ag_tn launches per builder engine since the process started,
+// as (engine, count): "sm90" (Hopper builders), "portable".
+std::vector<std::pair<std::string, long long>> ag_tn_engine_runs();
 
 }  // namespace kosmos

@@ -10,6 +10,10 @@
 //                      (wgrad over gathered tokens).
 //  tile_done(t)        one thread, after every thread has stored tile t.
 //                      Fused kernels release the tile's flag here (GEMM+RS).
+//  row_ptr<OutT>(t, r) (Hopper epilogue, when kMapsRows) where row r of the
+//                      engine's C goes: element (r, c) is stored at
+//                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels
+//                      scatter gathered rows (AG) or stage whole tiles (RS).
 //
 // The Hopper engine loads with TMA (the async proxy). Data another CTA or GPU
 // wrote with ordinary stores is visible to TMA only after the acquiring thread
@@ -32,6 +36,7 @@ KOSMOS_DEVICE void async_proxy_fence() {
 // A plain GEMM: nothing to wait for, nothing to publish.
 struct NoHooks {
   static constexpr bool kTileDone = false;  // engines skip the store barrier when false
+  static constexpr bool kMapsRows = false;  // C is the Problem's row-major [M, N]
   KOSMOS_DEVICE void before_tile(TileCoord) {}
   KOSMOS_DEVICE void before_k(TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(TileCoord) {}

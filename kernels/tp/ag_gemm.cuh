@@ -39,10 +39,12 @@ struct AgShared {
   int bcast;
 };
 
-template <typename T>
+// Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
+// the portable build(), `portable::TileSmem tile`.
+template <typename T, class Shared = AgShared>
 struct AgDeviceOps {
   const AgParams<T>& p;
-  AgShared& sm;
+  Shared& sm;
   AgCtrl* ctrl;
   uint64_t epoch;
   bool peers_done;  // this CTA has seen the data region's last readers finish
@@ -86,16 +88,16 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
 
 // The data region is overwritten (by a publish or a pull) only after the last
 // writer's readers are done (tp/heap_use.cuh).
-template <typename T>
-KOSMOS_DEVICE void AgDeviceOps<T>::guard_data() {
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::guard_data() {
   if (peers_done) return;
   if (threadIdx.x == 0) heap_use_wait(p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
   __syncthreads();
   peers_done = true;
 }
 
-template <typename T>
-KOSMOS_DEVICE void AgDeviceOps<T>::move(const AgMove& m, int i) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::move(const AgMove& m, int i) {
   (void)i;
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
@@ -114,8 +116,8 @@ KOSMOS_DEVICE void AgDeviceOps<T>::move(const AgMove& m, int i) {
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
 }
 
-template <typename T>
-KOSMOS_DEVICE void AgDeviceOps<T>::build(const AgBuild& b) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
   const int r0 = b.t * portable::kBM;
   const int rows = min(portable::kBM, p.rows - r0);
   const T* a = b.src == p.rank ? p.x + (size_t)r0 * p.K
@@ -133,8 +135,8 @@ KOSMOS_DEVICE void AgDeviceOps<T>::build(const AgBuild& b) {
 
 // The last CTA to finish tells every peer we are done reading its slot for this
 // epoch, resets the queues and advances the epoch: no host work between launches.
-template <typename T>
-KOSMOS_DEVICE void AgDeviceOps<T>::finish(int grid) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::finish(int grid) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;

@@ -10,6 +10,7 @@
 // running CTA: a pull only ever waits on claimed work, on every rank.
 #pragma once
 
+#include "gemm/tile_order.h"
 #include "kosmos/platform.h"
 #include "kosmos/roles.h"
 
@@ -17,8 +18,9 @@ namespace kosmos {
 
 struct AgShape {
   int tp, rank;
-  int T;   // tile rows per shard
-  int NT;  // tile columns of the output
+  int T;      // tile rows per shard
+  int NT;     // tile columns of the output
+  int group;  // build order: bands of `group` tile rows walked column by column; <= 1: row-major
 };
 
 struct AgMove {
@@ -42,12 +44,23 @@ KOSMOS_HD inline AgMove ag_move_item(const AgShape& s, int i) {
   return {false, (s.rank + 1 + q % peers) % s.tp, q / peers};
 }
 
+// Item i of a section of `rows` tile rows (the local shard, or the pulls in
+// queue order). Swizzled bands let co-running builders share a few A rows and a
+// few W columns in L2 instead of streaming all of W for every tile row.
+KOSMOS_HD inline gemm::TileCoord ag_section_at(const AgShape& s, int rows, int i) {
+  if (s.group <= 1) return {i / s.NT, i % s.NT};
+  return gemm::SwizzledOrder{rows, s.NT, s.group}.at(i);
+}
+
 KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
   const int local = s.T * s.NT;
-  if (j < local) return {s.rank, j / s.NT, j % s.NT, -1};
-  const int q = (j - local) / s.NT;  // pull index, in move-queue order
-  const AgMove m = ag_move_item(s, s.T + q);
-  return {m.src, m.t, (j - local) % s.NT, s.T + q};
+  if (j < local) {
+    const gemm::TileCoord c = ag_section_at(s, s.T, j);
+    return {s.rank, c.m, c.n, -1};
+  }
+  const gemm::TileCoord c = ag_section_at(s, s.T * (s.tp - 1), j - local);  // c.m: pull index
+  const AgMove m = ag_move_item(s, s.T + c.m);
+  return {m.src, m.t, c.n, s.T + c.m};
 }
 
 // Waits until move item q has landed. If q is not claimed yet, this CTA claims
@@ -84,6 +97,21 @@ KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers)
   // Builders left with nothing to build drain moves nobody needed locally (a
   // publish the peers still wait on), so no item is ever left unclaimed.
   for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+  ops.finish(grid);
+}
+
+// The life of a CTA whose builders never move: the Hopper engine, where only the
+// producer thread claims and waits, so it cannot run a CTA-wide pull. Movers drain
+// the move queue, then build; builders claim tiles (ops.build_all) and wait for
+// each tile's rows (local: published, peer: arrived). With at least one mover per
+// rank (tp > 1) every move is claimed by a CTA that waits only on peer publishes,
+// which movers claim first: every builder wait is on claimed work.
+template <class Ops>
+KOSMOS_HD void ag_cta_movers_move(Ops& ops, const AgShape& s, int cta, int grid, int movers) {
+  const int n_move = ag_n_move(s);
+  if (initial_role(cta, grid, movers) == Role::kMover)
+    for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+  ops.build_all();
   ops.finish(grid);
 }
 

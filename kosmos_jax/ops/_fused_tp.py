@@ -53,7 +53,13 @@ mlir.register_lowering(ag_tn_p, _ag_tn_lowering, platform="cuda")
 
 
 def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
-  """allgather_rows(x) @ w in one persistent kernel (kernels/tp/ag_gemm.cuh)."""
+  """allgather_rows(x) @ w in one persistent kernel.
+
+  bf16 on an H100/H200 (compute capability 9.0) builds tiles with the Hopper
+  engine (kernels/tp/ag_gemm_sm90.cuh); there builders never move, so with peers
+  at least one CTA starts as a mover (`movers=0` runs as 1). Other dtypes and
+  GPUs, and KOSMOS_FUSED_BUILDERS=portable, use portable builders
+  (kernels/tp/ag_gemm.cuh). `builder_runs()` counts which ran."""
   if not _ext.has_target("kosmos_ag_tn", "cuda"):
     raise NotImplementedError("kosmos_ag_tn is not compiled into this extension (CUDA build needed)")
   cfg = AgConfig(cu_cap=cu_cap, movers=movers)
@@ -62,6 +68,15 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
   return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=cfg.movers)
+
+
+def builder_runs() -> dict[str, dict[str, int]]:
+  """Test hook: fused launches per builder engine since the process started,
+  {'ag_tn': {'sm90': n, 'portable': n}}."""
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
+    raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
+  return {"ag_tn": dict(mod.ag_tn_engine_runs())}
 
 
 # Not the `auto` default: correct on 2xH200, but its portable SIMT builders run

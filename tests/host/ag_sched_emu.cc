@@ -39,6 +39,8 @@ struct Rank {
 
 struct Case {
   int tp, W, movers, T, NT, epochs, max_delay_us;
+  int group = 1;               // AgShape::group: build-order swizzle
+  bool movers_move = false;    // ag_cta_movers_move (Hopper builders) instead of ag_cta
 };
 
 struct HostOps {
@@ -87,8 +89,24 @@ struct HostOps {
     __atomic_store_n(&me().gather[m.src * c.T + m.t], v, __ATOMIC_RELAXED);
     store_release<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e);
   }
+  // Hopper builders: claim until empty; a local tile waits for its publish, a
+  // peer tile for its pull, never moving itself. The move may not be claimed
+  // yet (movers drain the queue without waiting on builders); a deadlock would
+  // show as a wait timeout.
+  void build_all() {
+    for (int j = claim_build(); j < ag_n_build(s); j = claim_build()) {
+      const AgBuild b = ag_build_item(s, j);
+      if (b.move >= 0) {
+        const AgMove m = ag_move_item(s, b.move);
+        wait_ge<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e, kTimeoutNs, site("arrived", b.move));
+      } else if (c.tp > 1) {
+        wait_ge<Scope::kSys>(&me().pub[b.t], e, kTimeoutNs, site("pub(local)", b.t));
+      }
+      build(b);
+    }
+  }
   void build(const AgBuild& b) {
-    if (b.src != rank) {
+    if (b.src != rank || (c.movers_move && c.tp > 1)) {  // Hopper builders read every row from the slots
       const uint64_t v = __atomic_load_n(&me().gather[b.src * c.T + b.t], __ATOMIC_RELAXED);
       EMU_CHECK(v == tag(e, b.src, b.t), "rank %d built tile (src %d, t %d) on stale rows", rank, b.src, b.t);
     }
@@ -105,7 +123,7 @@ struct HostOps {
 };
 
 void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank, unsigned seed) {
-  const AgShape s{c.tp, rank, c.T, c.NT};
+  const AgShape s{c.tp, rank, c.T, c.NT, c.group};
   for (int it = 0; it < c.epochs; ++it) {
     Rank& r = *ranks[rank];
     const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
@@ -115,7 +133,10 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
     for (int cta = 0; cta < c.W; ++cta)
       ctas.emplace_back([&, cta] {
         HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s};
-        ag_cta(ops, s, cta, c.W, c.movers);
+        if (c.movers_move)
+          ag_cta_movers_move(ops, s, cta, c.W, c.movers);
+        else
+          ag_cta(ops, s, cta, c.W, c.movers);
       });
     for (auto& t : ctas) t.join();
     for (int i = 0; i < ag_n_move(s); ++i)
@@ -138,7 +159,13 @@ int main() {
     for (int W : {1, 2, 5})
       for (int movers : {0, 1, W})
         for (int T : {1, 3})
-          cases.push_back({tp, W, movers > W ? W : movers, T, 2, 4, 20});
+          cases.push_back({tp, W, movers > W ? W : movers, T, 2, 4, 20, T == 3 ? 2 : 1});
+  // Hopper builders never move: at least one mover whenever there are peers.
+  for (int tp : {1, 2, 4})
+    for (int W : {1, 3})
+      for (int movers : {1, W})
+        cases.push_back({tp, W, tp > 1 ? movers : 0, 3, 5, 3, 20, 2, true});
+  cases.push_back({8, 9, 1, 4, 3, 3, 5, 3, true});
   cases.push_back({8, 8, 2, 4, 3, 3, 5});   // wider group
   cases.push_back({2, 1, 0, 6, 4, 6, 0});   // one CTA, no delays: tight interleavings
   unsigned seed = 1;

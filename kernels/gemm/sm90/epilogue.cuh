@@ -11,20 +11,31 @@
 
 namespace kosmos::sm90 {
 
+// Row r of the engine's C: the Problem's row-major [M, N] unless the hooks
+// map rows elsewhere (gemm/tile_hooks.h).
+template <class OutT, class Cfg, class Hooks>
+CUTE_DEVICE OutT* out_row(const Params<Cfg>& p, Hooks& h, gemm::TileCoord t, int r) {
+  if constexpr (Hooks::kMapsRows) {
+    return h.template row_ptr<OutT>(t, r);
+  } else {
+    return r < p.M ? static_cast<OutT*>(p.c) + static_cast<size_t>(r) * p.N : nullptr;
+  }
+}
+
 // thr: this consumer thread's slice of the TiledMma; acc: its accumulators of
 // tile t. In a wgmma accumulator fragment, values 2i and 2i+1 are adjacent
-// columns of one row, so each thread writes 2-element vectors.
-template <class Cfg, class OutT, class Thr, class Acc>
-CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc, gemm::TileCoord t) {
+// columns of one row, so each thread writes 2-element vectors (a mapped row
+// must start 2-element aligned when N is even).
+template <class Cfg, class OutT, class Thr, class Acc, class Hooks>
+CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc, gemm::TileCoord t, Hooks& h) {
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
-  OutT* C = static_cast<OutT*>(p.c);
   const int m0 = t.m * Cfg::kBM, n0 = t.n * Cfg::kBN;
   const bool vec = (p.N % 2) == 0;  // rows start 2-element aligned
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int r = m0 + get<0>(coord(i)), c = n0 + get<1>(coord(i));
-    if (r >= p.M) continue;
-    OutT* row = C + static_cast<size_t>(r) * p.N;
+    OutT* row = out_row<OutT>(p, h, t, r);
+    if (row == nullptr) continue;
     if (vec && c + 1 < p.N) {
       gemm::store_f32x2(row + c, acc(i), acc(i + 1));
     } else {

@@ -121,7 +121,7 @@ struct TileEngine {
     auto thr = mma.get_thread_slice(ctid);
     Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
     mainloop(p, s, ring, thr, acc);
-    store_tile<Cfg, OutT>(p, thr, acc, t);
+    store_tile<Cfg, OutT>(p, thr, acc, t, h);
     if constexpr (Hooks::kTileDone) {
       named_barrier(kConsumerBarrier, 128 * Cfg::kConsumerWGs);  // every store of the tile issued
       if (ctid == 0) h.tile_done(t);

@@ -1,0 +1,99 @@
+// Fused all-gather + GEMM with Hopper builders (sm_90a): the queues, flags,
+// movers and epochs of ag_gemm.cuh, with builders that are the TMA + WGMMA tile
+// engine (gemm/sm90/tile_engine.cuh). The CTA life is ag_cta_movers_move
+// (tp/ag_sched.h): the engine's producer thread claims build items and waits for
+// their rows; it cannot run a CTA-wide pull, so builders never move and the
+// launcher always starts at least one mover when there are peers.
+//
+// A is this rank's gather region read as one [tp * T * kBM, K] matrix: shard s
+// occupies rows [s * T * kBM, (s + 1) * T * kBM), its own rows included (movers
+// publish them there first, which is also what peers pull). Rows past a shard's
+// end are never written and never stored (row_ptr masks them). With tp == 1
+// there are no slots and A is x itself.
+#pragma once
+#include "gemm/sm90/tile_engine.cuh"
+#include "tp/ag_gemm.cuh"
+
+namespace kosmos {
+
+template <class Cfg>
+struct AgSm90Params {
+  AgParams<bf16_t> ag;   // x, w, y, heaps, shape (NT in units of Cfg::kBN), movers >= 1 if tp > 1
+  sm90::Params<Cfg> g;   // TMA over A (see above) and W [K, N]; g.M = tp * T * kBM
+};
+
+struct AgSm90Shared {
+  int bcast;
+};
+
+// The engine's producer thread claims build items in ag_build_item order; tile
+// row m of the engine is shard src's tile row t at m = src * T + t.
+struct AgSm90Sched {
+  AgCtrl* ctrl;
+  AgShape s;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
+    if (j >= ag_n_build(s)) return false;
+    const AgBuild b = ag_build_item(s, j);
+    t = gemm::TileCoord{b.src * s.T + b.t, b.tn};
+    return true;
+  }
+};
+
+struct AgSm90Hooks {
+  static constexpr bool kTileDone = false, kMapsRows = true;
+  const AgParams<bf16_t>* p;
+  AgCtrl* ctrl;
+  uint64_t epoch;
+
+  // Producer thread, before the tile's first TMA load: its rows must have been
+  // published (own shard) or pulled (peer shard) in this epoch. Those were
+  // generic-proxy stores, so the acquire is followed by a proxy fence.
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
+    if (p->tp == 1) return;
+    const int T = p->shape.T, src = t.m / T, tr = t.m % T;
+    const bool own = src == p->rank;
+    const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
+    wait_ge<Scope::kGpu>(flag, epoch, p->timeout_ns,
+                         {"ag_tn_sm90", p->rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
+    gemm::async_proxy_fence();
+  }
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
+
+  // Engine row r (shard src, flattened local row lr) goes to row
+  // (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
+  // gathered [batch, tp * m_local, N] output.
+  template <class OutT>
+  KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
+    const int src = t.m / p->shape.T;
+    const int lr = r - src * p->shape.T * portable::kBM, m = p->m_local;
+    if (lr >= p->rows) return nullptr;
+    const size_t row = (size_t)(lr / m) * p->tp * m + (size_t)src * m + lr % m;
+    return reinterpret_cast<OutT*>(p->y) + row * p->N;
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __grid_constant__ AgSm90Params<Cfg> p) {
+  static_assert(Cfg::kBM == portable::kBM, "moves and builds share the 128-row tile row");
+  extern __shared__ char smem_raw[];
+  __shared__ AgSm90Shared sm;
+  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+  auto& s = *reinterpret_cast<sm90::SharedStorage<Cfg>*>(base);
+  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.ag.heap[p.ag.rank] + p.ag.ctrl_off);
+  // Every CTA reads the epoch before any CTA can finish and advance it.
+  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared> {
+    const AgSm90Params<Cfg>& pp;
+    sm90::SharedStorage<Cfg>& s;
+    KOSMOS_DEVICE void build_all() {
+      AgSm90Sched sched{this->ctrl, this->p.shape};
+      AgSm90Hooks hooks{&this->p, this->ctrl, this->epoch};
+      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks>::run(pp.g, s, sched, hooks);
+    }
+  } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
+  ag_cta_movers_move(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers);
+}
+
+}  // namespace kosmos
