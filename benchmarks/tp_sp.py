@@ -12,7 +12,8 @@ one run (DESIGN.md §7):
   fixed_split     the fused lowering with a fixed initial crew (movers= / reducers=): rows
                   fixed_split_56 (56 CTAs) and fixed_split_best (best of a small sweep)
 
-Shapes at TP = t: M unchanged, the TP-split dim scaled by 8/t (tp_sp_arms docstring).
+Shapes: M total rows, N and K per rank as the paper gives them (--shape-map paper, the
+default), or the TP-split dim scaled by 8/t (--shape-map scaled; tp_sp_arms docstring).
 Timing: harness.time_fn (rotated inputs past the L2, pipelined calls, median, slowest
 rank). floor = max(best GEMM alone, collective alone) (communication fully hidden
 behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
@@ -69,6 +70,8 @@ def parse_args(argv=None):
   ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--tp", type=int, default=0, help="ranks (default: every device)")
+  ap.add_argument("--shape-map", default="paper", choices=("paper", "scaled"),
+                  help="paper: M total, N and K per rank as the paper gives them; scaled: TP-split dim x 8/TP")
   ap.add_argument("--sweep", default="quick", choices=("quick", "all", "none"),
                   help="shapes that get the fixed-split sweep (56 is measured on every shape)")
   ap.add_argument("--slow-ms", type=float, default=1500.0,
@@ -291,8 +294,10 @@ def _switching_lines(rows, kernel):
 
 def summarize(rows, args):
   lines = [f"TP = {rows[0]['tp'] if rows else '?'}; dtype {args.dtype}; shapes: "
-           + ("smoke (tiny)" if args.smoke else f"paper TP-8 shapes, TP-split dim scaled by 8/TP, M unchanged "
-              f"(ag_tn: N; tn_rs: K); --shapes {args.shapes}"),
+           + ("smoke (tiny)" if args.smoke else
+              (f"paper TP-8 shapes, TP-split dim scaled by 8/TP, M unchanged (ag_tn: N; tn_rs: K)"
+               if args.shape_map == "scaled" else "paper shapes as given: M total rows, N and K per rank")
+              + f"; --shapes {args.shapes}"),
            "speedup = xla ms / arm ms; frac. of floor = max(best GEMM alone, collective alone) ms / arm ms.", ""]
   for k in args.kernels:
     lines += _arm_table(rows, k) + [""]
@@ -332,7 +337,8 @@ def run_all(args, mesh):
   csv_path = out_dir / f"tp_sp{args.tag}.csv"
   for k in args.kernels:
     for sh in select_shapes(k, args.shapes, args.smoke):
-      pb = A.problem(k, sh, mesh.size, mesh, DTYPES[args.dtype], smoke=args.smoke)
+      pb = A.problem(k, sh, mesh.size, mesh, DTYPES[args.dtype], smoke=args.smoke,
+                     scaled=args.shape_map == "scaled")
       rs = bench_problem(pb, args)
       rows += rs
       print(f"{time.time() - args.t0:7.1f}s {k} {pb.name:16s} M={pb.M} N={pb.N} K={pb.K}  " + "  ".join(
@@ -368,7 +374,8 @@ def main(argv=None):
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "tp_sp_summary.md").write_text(head + body + "\n")
     for p in (csv_path, *pngs):
-      shutil.copy(p, dest / p.name)
+      if p.resolve() != (dest / p.name).resolve():
+        shutil.copy(p, dest / p.name)
   if not (args.smoke or args.no_append):
     harness.append_results(f"TP+SP collective GEMMs ({', '.join(args.kernels)}) vs XLA, "
                            f"TP {mesh.size}, {args.dtype}", body)

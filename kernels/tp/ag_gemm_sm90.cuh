@@ -40,22 +40,26 @@ struct AgSm90Sched {
   }
 };
 
+// By value, not a pointer into the kernel parameters: the epilogue stores through
+// row_ptr, and a pointer the compiler must assume those stores may alias would
+// reload every field (and redo the divisions) per stored element pair.
 struct AgSm90Hooks {
   static constexpr bool kTileDone = false, kMapsRows = true;
-  const AgParams<bf16_t>* p;
   AgCtrl* ctrl;
-  uint64_t epoch;
+  bf16_t* y;
+  uint64_t epoch, timeout_ns;
+  int rank, tp, T, rows, m_local, N;
 
   // Producer thread, before the tile's first TMA load: its rows must have been
   // published (own shard) or pulled (peer shard) in this epoch. Those were
   // generic-proxy stores, so the acquire is followed by a proxy fence.
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
-    if (p->tp == 1) return;
-    const int T = p->shape.T, src = t.m / T, tr = t.m % T;
-    const bool own = src == p->rank;
+    if (tp == 1) return;
+    const int src = t.m / T, tr = t.m % T;
+    const bool own = src == rank;
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
-    wait_ge<Scope::kGpu>(flag, epoch, p->timeout_ns,
-                         {"ag_tn_sm90", p->rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
+    wait_ge<Scope::kGpu>(flag, epoch, timeout_ns,
+                         {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     gemm::async_proxy_fence();
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
@@ -66,11 +70,12 @@ struct AgSm90Hooks {
   // gathered [batch, tp * m_local, N] output.
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
-    const int src = t.m / p->shape.T;
-    const int lr = r - src * p->shape.T * portable::kBM, m = p->m_local;
-    if (lr >= p->rows) return nullptr;
-    const size_t row = (size_t)(lr / m) * p->tp * m + (size_t)src * m + lr % m;
-    return reinterpret_cast<OutT*>(p->y) + row * p->N;
+    const int src = t.m / T;
+    const int lr = r - src * T * portable::kBM;
+    if (lr >= rows) return nullptr;
+    const int b = lr / m_local;
+    const size_t row = ((size_t)b * tp + src) * m_local + (lr - b * m_local);
+    return reinterpret_cast<OutT*>(y) + row * N;
   }
 };
 
@@ -89,7 +94,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
       AgSm90Sched sched{this->ctrl, this->p.shape};
-      AgSm90Hooks hooks{&this->p, this->ctrl, this->epoch};
+      const AgParams<bf16_t>& a = this->p;
+      AgSm90Hooks hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N};
       sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks>::run(pp.g, s, sched, hooks);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};

@@ -31,10 +31,14 @@ CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int m0 = t.m * Cfg::kBM, n0 = t.n * Cfg::kBN;
   const bool vec = (p.N % 2) == 0;  // rows start 2-element aligned
+  // A thread's fragment spans few distinct rows; after unrolling the compiler
+  // sees which elements share one, so the mapping runs once per row.
+  int last = -1;
+  OutT* row = nullptr;
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int r = m0 + get<0>(coord(i)), c = n0 + get<1>(coord(i));
-    OutT* row = out_row<OutT>(p, h, t, r);
+    if (r != last) row = out_row<OutT>(p, h, t, r), last = r;
     if (row == nullptr) continue;
     if (vec && c + 1 < p.N) {
       gemm::store_f32x2(row + c, acc(i), acc(i + 1));
