@@ -43,16 +43,6 @@ std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
   return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
 }
 
-// KOSMOS_FUSED_BUILDERS=portable: the portable builders even where the Hopper
-// ones could run (comparisons, debugging).
-bool force_portable_builders() {
-  static const bool on = [] {
-    const char* s = std::getenv("KOSMOS_FUSED_BUILDERS");
-    return s && std::string(s) == "portable";
-  }();
-  return on;
-}
-
 // The Hopper builders take this launch: bf16, an sm_90 device, and the
 // 16-byte alignment TMA needs (leading dimensions K and N, base pointers).
 static bool use_sm90(int ordinal, int dt, int64_t K, int64_t N, const void* x, const void* w, const void* y) {

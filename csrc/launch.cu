@@ -124,6 +124,14 @@ xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, in
   return Error::Success();
 }
 
+bool force_portable_builders() {
+  static const bool on = [] {
+    const char* s = std::getenv("KOSMOS_FUSED_BUILDERS");
+    return s && std::string(s) == "portable";
+  }();
+  return on;
+}
+
 uint64_t timeout_ns() {
   static const uint64_t ns = [] {
     const char* s = std::getenv("KOSMOS_TIMEOUT_MS");

@@ -60,6 +60,10 @@ xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, in
 // launch, so an element a kernel forgets to write shows up as NaN.
 bool poison_output();
 
+// KOSMOS_FUSED_BUILDERS=portable: fused kernels use their portable builders even
+// where the Hopper ones could run (comparisons, debugging).
+bool force_portable_builders();
+
 // KOSMOS_TIMEOUT_MS (default 10 s) as nanoseconds: every spin's bound.
 uint64_t timeout_ns();
 
@@ -67,8 +71,9 @@ uint64_t timeout_ns();
 std::string ag_tn_prepare(int ordinal);
 std::string tn_rs_prepare(int ordinal);
 
-// Test hook: kosmos_ag_tn launches per builder engine since the process started,
-// as (engine, count): "sm90" (Hopper builders), "portable".
+// Test hooks: fused launches per builder engine since the process started, as
+// (engine, count): "sm90" (Hopper builders), "portable".
 std::vector<std::pair<std::string, long long>> ag_tn_engine_runs();
+std::vector<std::pair<std::string, long long>> tn_rs_engine_runs();
 
 }  // namespace kosmos

@@ -107,6 +107,7 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("unreachable", &Unreachable);
   m.def("mapped_ids", [] { return kosmos::Runtime::get().mapped_ids(); });
   m.def("matmul_engine_runs", &kosmos::matmul_engine_runs);  // test hook: launches per engine
-  m.def("ag_tn_engine_runs", &kosmos::ag_tn_engine_runs);    // test hook: launches per builder engine
+  m.def("ag_tn_engine_runs", &kosmos::ag_tn_engine_runs);    // test hooks: launches per builder engine
+  m.def("tn_rs_engine_runs", &kosmos::tn_rs_engine_runs);
 #endif
 }

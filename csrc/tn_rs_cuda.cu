@@ -3,14 +3,22 @@
 // 2-D: x [tp * rows, k] whose row chunk c is rank c's share of the output; the
 // Python wrapper (kosmos_jax/ops/_fused_tp.py) folds leading batch dims into it.
 // Grid = min(SMs, cu_cap), one CTA per SM (checked by occupancy at init).
+// bf16 on a compute-capability-9.0 device runs the Hopper builders
+// (tn_rs_sm90.h, kernels/tp/gemm_rs_sm90.cuh) when the shape suits TMA; other
+// launches, and KOSMOS_FUSED_BUILDERS=portable, run the portable builders. Which
+// ran is counted (tn_rs_engine_runs), never assumed.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
+#include "tn_rs_sm90.h"
 #include "tp/gemm_rs.cuh"
 
 namespace ffi = xla::ffi;
@@ -22,21 +30,40 @@ static PersistentKernels g_kernels{{reinterpret_cast<const void*>(&tn_rs_kernel<
                                     reinterpret_cast<const void*>(&tn_rs_kernel<bf16_t>)},
                                    sizeof(RsShared), {}};
 
-std::string tn_rs_prepare(int ordinal) { return prepare_all(&g_kernels, ordinal); }
+static std::atomic<long long> g_runs[2];  // launches: [0] Hopper builders, [1] portable
+
+std::string tn_rs_prepare(int ordinal) {
+  std::string err = prepare_all(&g_kernels, ordinal);
+  return err.empty() ? tn_rs_sm90_prepare(ordinal) : err;
+}
+
+std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() {
+  return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
+}
+
+// The Hopper builders take this launch: bf16, an sm_90 device, TMA's 16-byte
+// alignment (K, N, bases), and chunks of whole 128-row tiles (a TMA tile of x
+// never straddles two ranks' chunks).
+static bool use_sm90(int ordinal, int dt, int64_t rows, int64_t K, int64_t N, const void* x, const void* w,
+                     const void* y) {
+  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  return dt == 2 && !force_portable_builders() && tn_rs_sm90_ready(ordinal) && rows % portable::kBM == 0 &&
+         K % 8 == 0 && N % 8 == 0 && aligned(x) && aligned(w) && aligned(y);
+}
 
 // Band height: one tile row per band (the finest pipelining) unless the chunk
 // has more tile rows than the control block has band flags. Reduce items are
 // single tiles, so reducers balance at tile grain.
-static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N) {
+static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n) {
   const int T = (int)((rows + portable::kBM - 1) / portable::kBM);
-  const int NT = (int)((N + portable::kBN - 1) / portable::kBN);
+  const int NT = (int)((N + tile_n - 1) / tile_n);
   const int R = (T + kRsMaxBands - 1) / kRsMaxBands;
   return RsShape{tp, rank, T, NT, R, 1};
 }
 
 // "" or why the heap cannot hold this call's staging (rounded up to whole MiB).
-static std::string heap_check(const RsShape& s, int64_t rows, int64_t N, size_t heap_bytes) {
-  const size_t need = kHeapDataOffset + rs_stage_bytes(s);
+static std::string heap_check(const RsShape& s, int tile_n, int64_t rows, int64_t N, size_t heap_bytes) {
+  const size_t need = kHeapDataOffset + rs_stage_bytes(s, tile_n);
   if (need <= heap_bytes) return "";
   return "kosmos_tn_rs: " + std::to_string(s.tp) + " x " + std::to_string(rows) + " rows x n=" + std::to_string(N) +
          " need " + std::to_string((need + (1u << 20) - 1) >> 20) + " MiB of heap for the fp32 staging (have " +
@@ -47,6 +74,17 @@ static std::string heap_check(const RsShape& s, int64_t rows, int64_t N, size_t 
 }  // namespace kosmos
 
 using namespace kosmos;
+
+static ffi::Error launch_sm90(const RsParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && poison_output()) e = cudaMemsetAsync(p.y, 0xFF, y_bytes, stream);
+  if (e == cudaSuccess) e = tn_rs_sm90_launch(p, grid, stream);
+  if (e != cudaSuccess)
+    return ffi::Error::Internal("kosmos_tn_rs: Hopper launch of " + std::to_string(grid) + " CTAs on ordinal " +
+                                std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
+  g_runs[0]++;
+  return ffi::Error::Success();
+}
 
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -68,8 +106,11 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   const int dt = dtype_index(x.element_type());
   if (dt < 0) return ffi::Error::InvalidArgument("kosmos_tn_rs: dtype must be f32, f16 or bf16");
   if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
-  const RsShape shape = rs_shape((int)tp, g.rank, rows, N);
-  if (auto err = heap_check(shape, rows, N, g.heap_bytes); !err.empty()) return ffi::Error::InvalidArgument(err);
+  const bool sm90 = use_sm90(ordinal, dt, rows, K, N, x.untyped_data(), w.untyped_data(), y->untyped_data());
+  const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
+  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n);
+  if (auto err = heap_check(shape, tile_n, rows, N, g.heap_bytes); !err.empty())
+    return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
   const int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
   auto launch = [&](auto* tag) {
@@ -79,9 +120,14 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.w = static_cast<const T*>(w.untyped_data());
     p.y = static_cast<T*>(y->untyped_data());
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
-    p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N;
+    p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
     p.shape = shape; p.reducers = red; p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
-    return launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
+    }
+    ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
+    if (err.success()) g_runs[1]++;
+    return err;
   };
   return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
 }

@@ -25,12 +25,13 @@
 
 namespace kosmos {
 
-// One staged fp32 partial tile: kBM x kBN, row-major, always stored whole (rows
-// and columns past the problem hold zeros and are never read back).
-constexpr size_t kRsTileElems = (size_t)portable::kBM * portable::kBN;
+// One staged fp32 partial tile: kBM x tile_n (the builders' tile width), row-major.
+// Rows and columns past the problem are never read back (the portable builders
+// store zeros there, the Hopper builders skip them).
+KOSMOS_HD inline size_t rs_tile_elems(int tile_n) { return (size_t)portable::kBM * tile_n; }
 
-KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s) {
-  return (size_t)rs_n_build(s) * kRsTileElems * sizeof(float);
+KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s, int tile_n) {
+  return (size_t)rs_n_build(s) * rs_tile_elems(tile_n) * sizeof(float);
 }
 
 template <typename T>
@@ -40,6 +41,7 @@ struct RsParams {
   T* y;        // [rows, N]: our chunk of the sum over ranks
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, rows, K, N;
+  int tile_n;  // builders' tile width: portable::kBN, or the Hopper engine's kBN
   RsShape shape;
   int reducers;
   size_t ctrl_off;  // this group's RS control block: rs_ctrl_offset(slot), same on every rank
@@ -51,17 +53,19 @@ struct RsShared {
   int bcast;
 };
 
-template <typename T>
+// Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
+// the portable build(), `portable::TileSmem tile`.
+template <typename T, class Shared = RsShared>
 struct RsDeviceOps {
   const RsParams<T>& p;
-  RsShared& sm;
+  Shared& sm;
   RsCtrl* ctrl;
   uint64_t epoch;
   bool data_free;  // this CTA has seen the data region's last readers finish
 
   KOSMOS_DEVICE RsCtrl* ctrl_of(int r) const { return reinterpret_cast<RsCtrl*>(p.heap[r] + p.ctrl_off); }
   KOSMOS_DEVICE float* stage(int r, int slot) const {
-    return reinterpret_cast<float*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * kRsTileElems;
+    return reinterpret_cast<float*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(p.tile_n);
   }
   KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"tn_rs", p.rank, (int)blockIdx.x, flag, i}; }
   KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
@@ -115,8 +119,8 @@ struct RsDeviceOps {
 
 // Partial tile t of chunk t.chunk: rows of that chunk's tile row times W's tile
 // column, stored whole into the staging slot rs_stage_slot() names.
-template <typename T>
-KOSMOS_DEVICE void RsDeviceOps<T>::build(const RsTile& t) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void RsDeviceOps<T, Shared>::build(const RsTile& t) {
   guard_data();  // also covers tp == 1, where the schedule never asks for peers
   const RsShape& s = p.shape;
   const int tr = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
@@ -132,27 +136,28 @@ KOSMOS_DEVICE void RsDeviceOps<T>::build(const RsTile& t) {
 // Sums the slice's tiles over ranks 0..tp-1 in that order (rs_reduce_fixed),
 // threads splitting the elements; L2-only loads, since peers and other CTAs
 // wrote the staging during this launch. Rounded once into Y.
-template <typename T>
-KOSMOS_DEVICE void RsDeviceOps<T>::reduce(const RsSlice& sl) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
   const RsShape& s = p.shape;
   for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
     const int slot = rs_stage_slot(s, sl.band, p.rank, k);
-    const int row0 = (sl.band * s.R + k / s.NT) * portable::kBM, col0 = (k % s.NT) * portable::kBN;
-    const int rows = min(portable::kBM, p.rows - row0), cols = min(portable::kBN, p.N - col0);
-    auto inside = [=](uint32_t i) { return (int)(i / portable::kBN) < rows && (int)(i % portable::kBN) < cols; };
+    const int bn = p.tile_n;
+    const int row0 = (sl.band * s.R + k / s.NT) * portable::kBM, col0 = (k % s.NT) * bn;
+    const int rows = min(portable::kBM, p.rows - row0), cols = min(bn, p.N - col0);
+    auto inside = [=](uint32_t i) { return (int)(i / bn) < rows && (int)(i % bn) < cols; };
     auto src = [&](int r, uint32_t i) { return inside(i) ? load_cg_elem(stage(r, slot) + i) : 0.f; };
     auto dst = [&](uint32_t i, float sum) {
-      if (inside(i)) p.y[(size_t)(row0 + i / portable::kBN) * p.N + col0 + i % portable::kBN] = from_f32<T>(sum);
+      if (inside(i)) p.y[(size_t)(row0 + i / bn) * p.N + col0 + i % bn] = from_f32<T>(sum);
     };
-    rs_reduce_fixed(p.tp, (uint32_t)kRsTileElems, threadIdx.x, blockDim.x, src, dst);
+    rs_reduce_fixed(p.tp, (uint32_t)rs_tile_elems(bn), threadIdx.x, blockDim.x, src, dst);
   }
 }
 
 // The last CTA to finish tells every peer we are done reading its staging for
 // this epoch, records this launch as the data region's last writer, resets the
 // local counters and advances the epoch: no host work between launches.
-template <typename T>
-KOSMOS_DEVICE void RsDeviceOps<T>::finish(int grid) {
+template <typename T, class Shared>
+KOSMOS_DEVICE void RsDeviceOps<T, Shared>::finish(int grid) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;

@@ -157,4 +157,26 @@ KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducer
   ops.finish(grid);
 }
 
+// The life of a CTA whose builders are the Hopper engine: only its producer
+// thread claims, so a reducer cannot build the tiles its band needs. Builders
+// (ops.build_all: claim until the GEMM queue is empty, marking each step claimed
+// and publishing completed bands) then reduce, one way. Reducers wait until this
+// rank has claimed the step (builders never wait on current-epoch work, and at
+// least one CTA starts as a builder: rs_initial_role), then on every rank's band.
+template <class Ops>
+KOSMOS_HD void rs_cta_builders_build(Ops& ops, const RsShape& s, int cta, int grid, int reducers) {
+  if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) ops.build_all();
+  const int n_reduce = rs_n_reduce(s);
+  for (int q = ops.claim_reduce(); q < n_reduce; q = ops.claim_reduce()) {
+    const RsSlice sl = rs_reduce_item(s, q);
+    ops.wait_build_claimed(rs_step_end(s, sl.band) - 1);
+    for (int src = 0; src < s.tp; ++src) {
+      if (src != s.rank) ops.wait_step_claimed(src, sl.band);
+      ops.wait_band(src, sl.band);
+    }
+    ops.reduce(sl);
+  }
+  ops.finish(grid);
+}
+
 }  // namespace kosmos

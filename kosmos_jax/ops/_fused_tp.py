@@ -72,11 +72,11 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
 
 def builder_runs() -> dict[str, dict[str, int]]:
   """Test hook: fused launches per builder engine since the process started,
-  {'ag_tn': {'sm90': n, 'portable': n}}."""
+  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}}."""
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
     raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
-  return {"ag_tn": dict(mod.ag_tn_engine_runs())}
+  return {"ag_tn": dict(mod.ag_tn_engine_runs()), "tn_rs": dict(mod.tn_rs_engine_runs())}
 
 
 # Not the `auto` default: correct on 2xH200, but its portable SIMT builders run
@@ -119,7 +119,13 @@ def _rank_major(x, tp):
 
 def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None):
   """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
-  summed over the group in fp32 in rank order and rounded once (bitwise reproducible)."""
+  summed over the group in fp32 in rank order and rounded once (bitwise reproducible).
+
+  bf16 on an H100/H200 with m/tp rows a multiple of 128 (and k, n multiples of 8)
+  builds tiles with the Hopper engine (kernels/tp/gemm_rs_sm90.cuh), whose reducers
+  wait for builders instead of building; otherwise, and with
+  KOSMOS_FUSED_BUILDERS=portable, portable builders (kernels/tp/gemm_rs.cuh).
+  `builder_runs()` counts which ran."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
   for name, v, lo in (("cu_cap", cu_cap, 1), ("reducers", reducers, 0)):

@@ -64,6 +64,7 @@ uint64_t stage_tag(uint64_t e, int src, int slot) { return (e << 40) | ((uint64_
 
 struct Case {
   int tp, W, grid, reducers, T, NT, R, slice, epochs, max_delay_us;
+  bool builders_build = false;  // rs_cta_builders_build (Hopper builders); needs W == grid
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -118,6 +119,22 @@ struct HostOps {
       __atomic_store_n(&me().stage[slot * kElems + i], fbits(partial(data_seed, e, rank, t.chunk, row, tn, i)),
                        __ATOMIC_RELAXED);
     __atomic_store_n(&me().tag[slot], stage_tag(e, rank, slot), __ATOMIC_RELAXED);
+  }
+  // Hopper builders: the engine's producer claims until the queue is empty,
+  // each tile through rs_build's steps (mark step, staging guard, build, band).
+  void build_all() {
+    bool staging_free = false;
+    for (int j = claim_build(); j < rs_n_build(s); j = claim_build()) rs_build(*this, s, j, staging_free);
+  }
+  void wait_build_claimed(int j) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!build_claimed(j)) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(g_timeout_ns)) {
+        std::fprintf(stderr, "rank %d cta %d: build %d never claimed\n", rank, cta, j);
+        std::abort();  // a deadlock, like a device wait's trap
+      }
+      std::this_thread::yield();
+    }
   }
   uint32_t band_add(int b, int ch) { return add_acq_rel_gpu_u32(&ctl(rank).band_count[rs_flag_index(b, ch)], 1); }
   void publish(int b, int ch) { store_release<Scope::kSys>(&ctl(rank).pub[rs_flag_index(b, ch)], e); }
@@ -226,7 +243,10 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
           const int cta = order[k];
           const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + 977u * (unsigned)w + (unsigned)cta;
           HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s};
-          rs_cta(ops, s, cta, c.grid, c.reducers);
+          if (c.builders_build)
+            rs_cta_builders_build(ops, s, cta, c.grid, c.reducers);
+          else
+            rs_cta(ops, s, cta, c.grid, c.reducers);
         }
       });
     for (auto& t : slots) t.join();
@@ -272,6 +292,14 @@ std::vector<Case> make_cases() {
   cases.push_back({8, 4, 4, 1, 5, 3, 2, 4, 3, 5});
   cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 6, 0});   // one CTA, no delays: tight interleavings
   cases.push_back({3, 2, 2, 1, 6, 4, 2, 5, 6, 0});
+  // Hopper builders: every CTA resident (W == grid), reducers never build.
+  for (int tp : {1, 2, 4})
+    for (int W : {1, 3})
+      for (int red : {0, 1, 99}) {
+        const Dims d = dims[n++ % 4];
+        cases.push_back({tp, W, W, red > W ? W : red, d.T, d.NT, d.R, d.slice, 3, 20, true});
+      }
+  cases.push_back({8, 4, 4, 2, 5, 3, 1, 1, 3, 5, true});
   return cases;
 }
 

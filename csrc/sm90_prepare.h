@@ -1,0 +1,51 @@
+// Once-per-device preparation shared by the Hopper-builder fused kernels
+// (csrc/*_sm90.cu): raise the kernel's shared-memory limit and check that one
+// CTA per SM fits. A device that is not compute capability 9.0 is not an error:
+// it is recorded as not ready and the handler runs the portable builders.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+namespace kosmos {
+
+constexpr int kSm90Ordinals = 64;
+
+// Per-device state of one kernel: 0 not prepared, 1 ready, 2 not an sm_90 device.
+using Sm90State = std::atomic<int>[kSm90Ordinals];
+
+inline std::string prepare_sm90(const char* op, const void* kernel, int threads, int smem, int ordinal,
+                                Sm90State& state) {
+  auto fail = [&](const char* what, cudaError_t e) {
+    return std::string(op) + " (sm90): " + what + " on ordinal " + std::to_string(ordinal) + ": " +
+           cudaGetErrorString(e);
+  };
+  if (ordinal < 0 || ordinal >= kSm90Ordinals) return std::string(op) + " (sm90): ordinal out of range";
+  int major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+  if (e != cudaSuccess) return fail("device query", e);
+  if (major != 9 || minor != 0) {
+    state[ordinal] = 2;
+    return "";
+  }
+  int prev = 0, blocks = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(ordinal);
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) return fail("kernel set-up", e);
+  if (blocks != 1)
+    return std::string(op) + " (sm90): occupancy query says " + std::to_string(blocks) + " CTAs per SM on ordinal " +
+           std::to_string(ordinal) + ", need exactly 1";
+  state[ordinal] = 1;
+  return "";
+}
+
+inline bool sm90_ready(const Sm90State& state, int ordinal) {
+  return ordinal >= 0 && ordinal < kSm90Ordinals && state[ordinal] == 1;
+}
+
+}  // namespace kosmos

@@ -1,0 +1,152 @@
+// Fused GEMM + reduce-scatter with Hopper builders (sm_90a): the queues, bands,
+// flags and epochs of gemm_rs.cuh, with builders that are the TMA + WGMMA tile
+// engine. The CTA life is rs_cta_builders_build (tp/rs_sched.h): the engine's
+// producer thread claims GEMM tiles (marking each step claimed), the epilogue
+// stages fp32 partial tiles, tile_done counts the band and publishes it; once
+// the GEMM queue is empty the CTA reduces (one way). Reducers never build.
+//
+// A is x read as one [tp * rows, K] matrix; chunk c's tile row tr is engine tile
+// row c * T + tr, so rows % kBM == 0 (a tile never straddles two chunks: the
+// launcher checks). Staged tiles are kBM x Cfg::kBN fp32.
+#pragma once
+#include "gemm/sm90/tile_engine.cuh"
+#include "tp/gemm_rs.cuh"
+
+namespace kosmos {
+
+template <class Cfg>
+struct RsSm90Params {
+  RsParams<bf16_t> rs;  // tile_n == Cfg::kBN, shape.NT in units of it
+  sm90::Params<Cfg> g;  // TMA over x [tp * rows, K] and W [K, N]
+};
+
+struct RsSm90Shared {
+  int bcast;
+};
+
+// GEMM tile claims in rs_build_item order, for the engine's producer thread.
+struct RsSm90Sched {
+  RsCtrl* ctrl;
+  RsShape s;
+  uint64_t epoch;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
+    if (j >= rs_n_build(s)) return false;
+    const RsTile rt = rs_build_item(s, j);
+    // Claimed, not yet built: peers' reducers may now wait on this step's bands.
+    if (j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
+    t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + rt.k / s.NT, rt.k % s.NT};
+    return true;
+  }
+};
+
+// By value (see AgSm90Hooks): the epilogue stores through row_ptr.
+struct RsSm90Hooks {
+  static constexpr bool kTileDone = true, kMapsRows = true;
+  RsCtrl* ctrl;
+  float* stage;  // this rank's staging: heap + kHeapDataOffset
+  uint64_t epoch;
+  RsShape s;
+  int rows, tile_n;
+
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}  // x and W are ready at launch
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+
+  KOSMOS_DEVICE int slot_of(gemm::TileCoord t) const {
+    const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
+    return rs_stage_slot(s, band, chunk, (tr - band * s.R) * s.NT + t.n);
+  }
+
+  // Engine row r of tile t lands in row r - t.m * kBM of the tile's staging
+  // slot; element (r, c) at [c] (c counts from the tile's first column).
+  template <class OutT>
+  KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
+    const int in_tile = r - t.m * portable::kBM;
+    if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
+    float* tile = stage + (size_t)slot_of(t) * rs_tile_elems(tile_n);
+    return reinterpret_cast<OutT*>(tile + (ptrdiff_t)(in_tile - t.n) * tile_n);
+  }
+
+  // One consumer thread after a named barrier over every consumer's stores:
+  // the acq_rel count makes the band's completer acquire every tile of it, so
+  // its release of pub[] covers the whole band (as gemm_rs.cuh's band_add).
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) {
+    const int chunk = t.m / s.T, band = (t.m - chunk * s.T) / s.R;
+    const int f = rs_flag_index(band, chunk);
+    if (add_acq_rel_gpu_u32(&ctrl->band_count[f], 1) + 1 == (uint32_t)rs_band_tiles(s, band))
+      store_release<Scope::kSys>(&ctrl->pub[f], epoch);
+  }
+};
+
+template <class Cfg>
+struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
+  const RsSm90Params<Cfg>& pp;
+  sm90::SharedStorage<Cfg>& s;
+
+  // The staging guard is taken once, CTA-wide, before the first tile: it only
+  // waits on the previous launch's readers, never on this epoch.
+  KOSMOS_DEVICE void build_all() {
+    this->guard_data();
+    const RsParams<bf16_t>& a = this->p;
+    RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
+    RsSm90Hooks hooks{this->ctrl, this->stage(a.rank, 0), this->epoch, a.shape, a.rows, a.tile_n};
+    sm90::TileEngine<Cfg, float, RsSm90Hooks>::run(pp.g, s, sched, hooks);
+    __syncthreads();  // the engine's warp groups leave at different times
+  }
+
+  KOSMOS_DEVICE void wait_build_claimed(int j) {
+    if (threadIdx.x == 0) {
+      const uint64_t start = now_ns();
+      while (!WorkQueue{&this->ctrl->build_next, 0}.claimed((uint32_t)j)) {
+        if (now_ns() - start > this->p.timeout_ns) {
+          printf("kosmos timeout: kernel=tn_rs_sm90 rank=%d cta=%d waits for GEMM tile %d to be claimed\n",
+                 this->p.rank, (int)blockIdx.x, j);
+          trap();
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Sums a staged tile over ranks 0..tp-1 in that order (rs_reduce_fixed's
+  // order, 4 columns at a time) and rounds once into Y. N % 8 == 0, so a
+  // 4-column group is wholly inside or outside the problem.
+  KOSMOS_DEVICE void reduce(const RsSlice& sl) {
+    const RsParams<bf16_t>& a = this->p;
+    const RsShape& sh = a.shape;
+    const int bn = a.tile_n, groups = portable::kBM * bn / 4;
+    for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
+      const int slot = rs_stage_slot(sh, sl.band, a.rank, k);
+      const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * bn;
+      for (int i = threadIdx.x; i < groups; i += blockDim.x) {
+        const int r = i / (bn / 4), c = (i % (bn / 4)) * 4;
+        if (row0 + r >= a.rows || col0 + c >= a.N) continue;
+        float4 acc = __ldcg(reinterpret_cast<const float4*>(this->stage(0, slot)) + i);
+        for (int src = 1; src < a.tp; ++src) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(this->stage(src, slot)) + i);
+          acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+        }
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
+        uint2 packed;  // 4 bf16 = 8 bytes, aligned: col0 + c and N are multiples of 4
+        memcpy(&packed.x, &lo, 4), memcpy(&packed.y, &hi, 4);
+        *reinterpret_cast<uint2*>(a.y + (size_t)(row0 + r) * a.N + col0 + c) = packed;
+      }
+    }
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
+  static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
+  extern __shared__ char smem_raw[];
+  __shared__ RsSm90Shared sm;
+  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+  auto& s = *reinterpret_cast<sm90::SharedStorage<Cfg>*>(base);
+  RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
+  // Every CTA reads the epoch before any CTA can finish and advance it.
+  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  RsSm90Ops<Cfg> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers);
+}
+
+}  // namespace kosmos

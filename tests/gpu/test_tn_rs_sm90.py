@@ -1,0 +1,118 @@
+"""Fused GEMM + reduce-scatter with Hopper builders (kernels/tp/gemm_rs_sm90.cuh)
+on 2 GPUs of one process, against the reference twin and a float64 oracle. Every
+test checks that the Hopper builders ran (builder_runs), so a silent fall back to
+the portable builders fails. Outputs are NaN-poisoned (tests/gpu/conftest.py)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kosmos_jax import reference
+from kosmos_jax.ops._fused_tp import builder_runs, tn_rs_fused
+from helpers import P, assert_close, fresh, put, shard_map
+
+BF16 = jnp.bfloat16
+
+
+def _gpu_mesh(tp):
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if len(gpus) < tp:
+    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
+  if gpus[0].compute_capability != "9.0":
+    pytest.skip(f"Hopper builders need compute capability 9.0, found {gpus[0].compute_capability}")
+  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))
+
+
+def _specs(ndim):
+  lead = (None,) * (ndim - 2)
+  return P(*lead, None, "tp"), P("tp", None), P(*lead, "tp", None)  # x, w, y
+
+
+def _fn(mesh, ndim, fn):
+  xs, ws, ys = _specs(ndim)
+  f = shard_map(fn, mesh, in_specs=(xs, ws), out_specs=ys)
+  return lambda x, w: f(put(x, mesh, xs), put(w, mesh, ws))
+
+
+def _oracle(x, w):
+  return np.asarray(jnp.asarray(x, jnp.float32), np.float64) @ np.asarray(jnp.asarray(w, jnp.float32), np.float64)
+
+
+def _sm90_runs():
+  return builder_runs()["tn_rs"]["sm90"]
+
+
+def _fused_checked(mesh, x, w, **kw):
+  """The fused output, after checking the Hopper builders ran on every device."""
+  before = _sm90_runs()
+  y = _fn(mesh, x.ndim, lambda a, b: tn_rs_fused(a, b, axis_name="tp", **kw))(x, w)
+  y.block_until_ready()
+  assert _sm90_runs() - before == mesh.size, f"Hopper builders ran {_sm90_runs() - before} of {mesh.size} {kw}"
+  return y
+
+
+def _check(mesh, x, w, **kw):
+  y = _fused_checked(mesh, x, w, **kw)
+  twin = _fn(mesh, x.ndim, lambda a, b: reference.tn_rs(a, b, axis_name="tp"))(x, w)
+  assert y.shape == twin.shape == (*x.shape[:-1], w.shape[1]) and y.dtype == x.dtype, (y.shape, y.dtype)
+  assert_close(y, twin, BF16, what=f"sm90 fused vs twin {kw}")
+  assert_close(y, _oracle(x, w), BF16, what=f"sm90 fused vs oracle {kw}")
+  return y
+
+
+SHAPES = [  # (lead dims, m, K total, n): m / tp rows a multiple of 128
+    ((), 1024, 512, 768),
+    ((), 512, 264, 520),      # partial tile columns, K per rank not a multiple of 64
+    ((2,), 512, 256, 256),    # batch fold (rank-major transpose in Python)
+    ((), 4096, 2048, 2048),   # several bands and reducers busy
+]
+
+
+@pytest.mark.parametrize("lead,m,k,n", SHAPES)
+def test_sm90_matches_twin_and_oracle(lead, m, k, n):
+  mesh = _gpu_mesh(2)
+  _check(mesh, fresh((*lead, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5))
+
+
+def test_sm90_bitwise_across_grids_and_runs():
+  """Fixed-order fp32 sum, rounded once: every grid, crew and run gives the same bits."""
+  mesh = _gpu_mesh(2)
+  x, w = fresh((1024, 768), BF16), fresh((768, 512), BF16, scale=0.04)
+  outs = {}
+  for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(reducers=0), dict(cu_cap=5, reducers=5),
+             dict(reducers=40), dict()):
+    outs[str(kw)] = np.asarray(_check(mesh, x, w, **kw)).view(np.uint16)
+  first = next(iter(outs.values()))
+  for k, v in outs.items():
+    assert np.array_equal(v, first), f"{k}: bits differ from the default run"
+
+
+def test_sm90_back_to_back_fresh_inputs():
+  mesh = _gpu_mesh(2)
+  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp"))
+  ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(50)]
+  outs = [f(x, w) for x, w in ins]  # one sync at the end
+  for i, ((x, w), y) in enumerate(zip(ins, outs)):
+    assert_close(y, _oracle(x, w), BF16, what=f"back-to-back call {i}")
+
+
+def test_sm90_scan_200_calls_grid1_and_cap():
+  mesh = _gpu_mesh(2)
+  xs, ws, _ = _specs(2)
+  for kw in (dict(cu_cap=1), dict(cu_cap=7)):
+    def body(c, _, kw=kw):
+      y = tn_rs_fused(c[0], c[1], axis_name="tp", **kw)
+      return c, y[:8, :8].astype(jnp.float32).sum()
+    f = shard_map(lambda x, w: jax.lax.scan(body, (x, w), None, length=200)[1][None], mesh,
+                  in_specs=(xs, ws), out_specs=P("tp"))
+    x, w = fresh((512, 256), BF16), fresh((256, 256), BF16, scale=0.1)
+    sums = np.asarray(f(put(x, mesh, xs), put(w, mesh, ws)))
+    assert np.all(np.isfinite(sums)) and np.all(sums == sums[:, :1]), f"{kw}: sums move across calls"
+    want = [_oracle(x, w)[r * 256:r * 256 + 8, :8].sum() for r in range(2)]
+    for r in range(2):
+      assert abs(sums[r, 0] - want[r]) <= 0.05 * max(1.0, abs(want[r])), (kw, r, sums[r, 0], want[r])
+
+
+def test_sm90_single_device_group():
+  mesh = _gpu_mesh(1)
+  _check(mesh, fresh((256, 64), BF16), fresh((64, 72), BF16, scale=0.125))
