@@ -348,6 +348,15 @@ def run_all(args, mesh):
   return rows, csv_path
 
 
+def builder_line() -> str:
+  """Which builder engine the fused launches of this process ran (never assumed)."""
+  try:
+    from kosmos_jax.ops._fused_tp import builder_runs
+    return f"- fused launches per builder engine in this run: {builder_runs()}"
+  except (ImportError, NotImplementedError) as e:
+    return f"- fused builder counters unavailable: {e}"
+
+
 def main(argv=None):
   args = parse_args(argv)
   args.t0 = time.time()
@@ -362,7 +371,7 @@ def main(argv=None):
   except Exception as e:  # a plotting problem must not cost the measured numbers
     print(f"plots skipped: {_short(e)}")
     pngs = []
-  body = summarize(rows, args)
+  body = summarize(rows, args) + "\n" + builder_line()
   print(body)
   env = harness.environment()
   head = (f"date {env['date']}; device {env['device']}; commit {env['commit']}; jax {env['jax']}; "

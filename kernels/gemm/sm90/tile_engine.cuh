@@ -129,17 +129,23 @@ struct TileEngine {
   }
 
   // Producer thread: claim, broadcast, load; a final invalid claim ends the CTA.
+  // The claim of the following tile is made before this tile's loads stream, so
+  // a dynamic queue's atomic round trip overlaps the ring instead of stalling
+  // it (a static schedule answers at once either way).
   template <class Sched>
   static CUTE_DEVICE void produce_all(const P& p, S& s, Sched& sched, Hooks& h) {
     Ring stages, mailbox;
+    gemm::TileCoord next{0, 0};
+    bool next_ok = sched.next(next);
     for (;;) {
-      gemm::TileCoord t{0, 0};
-      const bool ok = sched.next(t);
+      const gemm::TileCoord t = next;
+      const bool ok = next_ok;
       mbar_wait(&s.claim_empty[mailbox.slot], mailbox.phase ^ 1, "claim slot empty");
       s.claim[mailbox.slot] = t;
       s.claim_valid[mailbox.slot] = ok;
       mbar_arrive(&s.claim_full[mailbox.slot]);  // release: the slot's stores travel with it
       if (!ok) return;
+      next_ok = sched.next(next);
       produce_tile(p, s, stages, t, h);
       mailbox.advance(2);
     }

@@ -1,0 +1,76 @@
+"""Where the fused TP+SP kernels lose time against our GEMM alone (a diagnostic, not
+the benchmark: benchmarks/tp_sp.py is). Per shape, bf16, ms per call (harness.time_fn):
+  gemm      ops.matmul on one GPU, the rank's whole GEMM (the floor)
+  tp1       the fused op on a 1-GPU group: Hopper builders, dynamic claims, the mapped
+            epilogue (and for tn_rs the staging + a one-rank reduction), no transport
+  tp2 c=N   the fused op on 2 GPUs with N CTAs in the initial comm crew
+  xla       XLA's collective + dot on 2 GPUs
+Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [M K N ...]
+(M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N)"""
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
+import harness  # noqa: E402
+
+from kosmos_jax import ops  # noqa: E402
+from kosmos_jax.ops._fused_tp import ag_tn_fused, builder_runs, tn_rs_fused  # noqa: E402
+
+DEFAULT = {"ag_tn": [8192, 8192, 7168, 8192, 4096, 3072], "tn_rs": [8192, 3584, 8192, 8192, 512, 4096]}
+
+
+def _time(f, ins):
+  return harness.time_fn(f, [ins], calls=10, reps=3).median_ms
+
+
+def _arms(kernel, M, K, N, m1, m2):
+  """name -> (jitted fn, inputs) for one shape."""
+  key1, key2 = jax.random.key(1), jax.random.key(2)
+  sm = lambda mesh, fn, ins, out: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=out))
+  put = lambda a, mesh, spec: jax.device_put(a, NamedSharding(mesh, spec))
+  if kernel == "ag_tn":
+    x, w = jax.random.normal(key1, (M, K), jnp.bfloat16), jax.random.normal(key2, (K, N), jnp.bfloat16) * 0.02
+    xs, ws, ys, op = P("tp", None), P(), P("tp", None), ag_tn_fused
+    xla = lambda a, b: jax.lax.all_gather(a, "tp", axis=0, tiled=True) @ b
+  else:  # x [M, tp*K], w [tp*K, N]: rank r holds K columns of x and K rows of w
+    x, w = jax.random.normal(key1, (M, 2 * K), jnp.bfloat16), jax.random.normal(key2, (2 * K, N), jnp.bfloat16) * 0.02
+    xs, ws, ys, op = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
+    xla = lambda a, b: jax.lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
+  x1, w1 = put(x[:, :K] if kernel == "tn_rs" else x, m1, P()), put(w[:K] if kernel == "tn_rs" else w, m1, P())
+  x2, w2 = put(x, m2, xs), put(w, m2, ws)
+  arms = {
+      "gemm": (sm(m1, lambda a, b: ops.matmul(a, b, layout="TN", impl="fused"), (P(), P()), P()), (x1, w1)),
+      "tp1": (sm(m1, lambda a, b: op(a, b, axis_name="tp"), (P(), P()), P()), (x1, w1)),
+      "xla": (sm(m2, xla, (xs, ws), ys), (x2, w2)),
+  }
+  knob = "movers" if kernel == "ag_tn" else "reducers"
+  for c in (0, 8, 16, 32):
+    arms[f"tp2 c={c}"] = (sm(m2, lambda a, b, c=c: op(a, b, axis_name="tp", **{knob: c}), (xs, ws), ys), (x2, w2))
+  return arms
+
+
+def main():
+  kernel = sys.argv[1] if len(sys.argv) > 1 else "ag_tn"
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  m2, m1 = jax.sharding.Mesh(np.array(gpus[:2]), ("tp",)), jax.sharding.Mesh(np.array(gpus[:1]), ("tp",))
+  args = [int(a) for a in sys.argv[2:]] or DEFAULT[kernel]
+  print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call")
+  for M, K, N in zip(args[0::3], args[1::3], args[2::3]):
+    line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in _arms(kernel, M, K, N, m1, m2).items()]
+    print(f"M={M} K={K} N={N}: " + "  ".join(line), flush=True)
+  print("builder runs:", builder_runs())
+
+
+if __name__ == "__main__":
+  main()
