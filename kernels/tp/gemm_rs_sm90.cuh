@@ -110,28 +110,54 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
 
   // Sums a staged tile over ranks 0..tp-1 in that order (rs_reduce_fixed's
   // order, 4 columns at a time) and rounds once into Y. N % 8 == 0, so a
-  // 4-column group is wholly inside or outside the problem.
+  // 4-column group is wholly inside or outside the problem. Each thread keeps
+  // kGroups 16-byte loads of one rank in flight before it adds them: one load at
+  // a time leaves a reducer latency-bound (~17 us per 128 KB tile on H200).
+  static constexpr int kGroups = 8;
+
   KOSMOS_DEVICE void reduce(const RsSlice& sl) {
     const RsParams<bf16_t>& a = this->p;
     const RsShape& sh = a.shape;
-    const int bn = a.tile_n, groups = portable::kBM * bn / 4;
+    const int per_row = a.tile_n / 4, groups = portable::kBM * per_row;
+    const int step = blockDim.x * kGroups;
     for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
       const int slot = rs_stage_slot(sh, sl.band, a.rank, k);
-      const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * bn;
-      for (int i = threadIdx.x; i < groups; i += blockDim.x) {
-        const int r = i / (bn / 4), c = (i % (bn / 4)) * 4;
-        if (row0 + r >= a.rows || col0 + c >= a.N) continue;
-        float4 acc = __ldcg(reinterpret_cast<const float4*>(this->stage(0, slot)) + i);
+      const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
+      for (int base = threadIdx.x; base < groups; base += step) {
+        float4 acc[kGroups], v[kGroups];
+        load_groups(this->stage(0, slot), base, groups, acc);
         for (int src = 1; src < a.tp; ++src) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(this->stage(src, slot)) + i);
-          acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+          load_groups(this->stage(src, slot), base, groups, v);
+          CUTE_UNROLL
+          for (int u = 0; u < kGroups; ++u)
+            acc[u].x += v[u].x, acc[u].y += v[u].y, acc[u].z += v[u].z, acc[u].w += v[u].w;
         }
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y), hi = __floats2bfloat162_rn(acc.z, acc.w);
-        uint2 packed;  // 4 bf16 = 8 bytes, aligned: col0 + c and N are multiples of 4
-        memcpy(&packed.x, &lo, 4), memcpy(&packed.y, &hi, 4);
-        *reinterpret_cast<uint2*>(a.y + (size_t)(row0 + r) * a.N + col0 + c) = packed;
+        CUTE_UNROLL
+        for (int u = 0; u < kGroups; ++u) {
+          const int i = base + u * (int)blockDim.x;
+          const int r = i / per_row, c = (i - r * per_row) * 4;
+          if (i < groups && row0 + r < a.rows && col0 + c < a.N)
+            store_bf16x4(a.y + (size_t)(row0 + r) * a.N + col0 + c, acc[u]);
+        }
       }
     }
+  }
+
+  // L2-only loads: peers and other CTAs wrote the staging during this launch.
+  static KOSMOS_DEVICE void load_groups(const float* tile, int base, int groups, float4 (&v)[kGroups]) {
+    CUTE_UNROLL
+    for (int u = 0; u < kGroups; ++u) {
+      const int i = base + u * (int)blockDim.x;
+      if (i < groups) v[u] = __ldcg(reinterpret_cast<const float4*>(tile) + i);
+    }
+  }
+
+  // 4 bf16 = 8 bytes, aligned: the column and N are multiples of 4.
+  static KOSMOS_DEVICE void store_bf16x4(bf16_t* out, float4 v) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    memcpy(&packed.x, &lo, 4), memcpy(&packed.y, &hi, 4);
+    *reinterpret_cast<uint2*>(out) = packed;
   }
 };
 

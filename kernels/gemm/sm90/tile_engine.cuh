@@ -34,6 +34,7 @@ struct TileEngine {
   using BK = typename Cfg::BK;
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
+  static constexpr int kEvenRegs = 65536 / Cfg::kThreads / 8 * 8;  // 168 for 384 threads
   static constexpr uint32_t kConsumerBarrier = 1;                // named barrier id
 
   // One thread: barrier counts, then make them visible to TMA and all threads.
@@ -165,16 +166,23 @@ struct TileEngine {
     }
   }
 
-  // Entry point for every thread of a CTA of Cfg::kThreads threads.
+  // Entry point for every thread of a CTA of Cfg::kThreads threads. Returns with
+  // every warp back at the kernel's even register share (kEvenRegs), so code a
+  // fused kernel runs after the engine (reducers, finish) is not squeezed into
+  // the producer's kProducerRegs: ptxas compiles code after a setmaxnreg.dec
+  // under that limit, and code both warp groups share under the smaller one.
   template <class Sched>
   static CUTE_DEVICE void run(const P& p, S& s, Sched& sched, Hooks& h) {
     init(p, s);
     if (threadIdx.x < 128) {
       regs_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) produce_all(p, s, sched, h);
+      __syncwarp();  // setmaxnreg is warp-aligned: lane 0 rejoins first
+      regs_alloc<kEvenRegs>();
     } else {
       regs_alloc<kConsumerRegs>();
       consume_all(p, s, h, threadIdx.x - 128);
+      regs_dealloc<kEvenRegs>();
     }
   }
 };
