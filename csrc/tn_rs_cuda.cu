@@ -62,11 +62,12 @@ static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n) {
 }
 
 // "" or why the heap cannot hold this call's staging (rounded up to whole MiB).
-static std::string heap_check(const RsShape& s, int tile_n, int64_t rows, int64_t N, size_t heap_bytes) {
-  const size_t need = kHeapDataOffset + rs_stage_bytes(s, tile_n);
+static std::string heap_check(const RsShape& s, int tile_n, int elem, int64_t rows, int64_t N, size_t heap_bytes) {
+  const size_t need = kHeapDataOffset + rs_stage_bytes(s, tile_n, elem);
   if (need <= heap_bytes) return "";
   return "kosmos_tn_rs: " + std::to_string(s.tp) + " x " + std::to_string(rows) + " rows x n=" + std::to_string(N) +
-         " need " + std::to_string((need + (1u << 20) - 1) >> 20) + " MiB of heap for the fp32 staging (have " +
+         " need " + std::to_string((need + (1u << 20) - 1) >> 20) + " MiB of heap for the " +
+         (elem == 2 ? "bf16" : "fp32") + " staging (have " +
          std::to_string(heap_bytes >> 20) +
          " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) before the first kosmos op)";
 }
@@ -88,7 +89,8 @@ static ffi::Error launch_sm90(const RsParams<bf16_t>& p, cudaStream_t stream, in
 
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
-                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers) {
+                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers,
+                           int64_t stage_bf16) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -108,8 +110,12 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
   const bool sm90 = use_sm90(ordinal, dt, rows, K, N, x.untyped_data(), w.untyped_data(), y->untyped_data());
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
+  // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
+  if (stage_bf16 && dt != 2)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
+  const bool bf16_stage = sm90 && stage_bf16;
   const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n);
-  if (auto err = heap_check(shape, tile_n, rows, N, g.heap_bytes); !err.empty())
+  if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
   const int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
@@ -121,6 +127,7 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.y = static_cast<T*>(y->untyped_data());
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
+    p.stage_bf16 = bf16_stage ? 1 : 0;
     p.shape = shape; p.reducers = red; p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
@@ -143,4 +150,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<int64_t>("tp")                       // group size
                                   .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
-                                  .Attr<int64_t>("reducers"));               // -1 = default policy
+                                  .Attr<int64_t>("reducers")                 // -1 = default policy
+                                  .Attr<int64_t>("stage_bf16"));             // 1: bf16 staging (Hopper builders)

@@ -1,6 +1,21 @@
 """Kernel knobs, as frozen dataclasses validated on construction (errors name the
-values). Defaults come from closed-form policies in the device code
-(kernels/include/kosmos/roles.h) when a knob is left as None."""
+values), and the closed-form rules that pick a knob left as None. The rules are
+evaluated once per shape on the host, at trace time: no per-call tuning.
+
+Initial crews (CTAs that start moving / reducing before they switch to building):
+the link saturates with about 8-16 copying CTAs (benchmarks/RESULTS.md, transport),
+and more help only while there is little GEMM work per byte moved. Measured on
+2xH200, TP 2, bf16, Hopper builders (2026-11-30, `python scripts/gpu_bench_fused.py
+ag_tn|tn_rs`, ms per call for crews 8 / 16 / 32):
+
+  ag_tn M=8192 K=8192 N=7168    1.842 / 1.825 / 1.930   -> 16
+  ag_tn M=8192 K=4096 N=3072    0.504 / 0.503 / 0.493   -> 32 (N small)
+  tn_rs M=8192 K=3584 N=8192    1.183 / 1.156 / 1.249   -> 16
+  tn_rs M=8192 K=512  N=4096    0.389 / 0.338 / 0.296   -> 32 (K small)
+
+GEMM work per byte moved is N (per rank) for AG+GEMM and K (per rank) for
+GEMM+RS, hence the rules below. A crew is clamped to the grid by the kernel.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +30,9 @@ class AgConfig:
   """Fused AG+GEMM launch knobs.
 
   cu_cap: at most this many CTAs (= SMs), None for all SMs (paper §3.1.2).
-  movers: CTAs that start as movers; None = about one in eight; 0 = all builders
-    (each moves the rows it needs itself).
+  movers: CTAs that start as movers; None = ag_movers(n); 0 = all builders
+    (portable builders then move the rows they need themselves; Hopper builders
+    never move, so there at least one CTA starts as a mover).
   """
   cu_cap: int | None = None
   movers: int | None = None
@@ -26,6 +42,46 @@ class AgConfig:
       raise ValueError(f"AgConfig: cu_cap={self.cu_cap!r} must be a positive int or None")
     if self.movers is not None and (not isinstance(self.movers, int) or self.movers < 0):
       raise ValueError(f"AgConfig: movers={self.movers!r} must be a non-negative int or None")
+
+
+# Work per byte moved at or below which the larger crew wins (table above).
+THIN_WORK_PER_BYTE = 4096
+CREW_DEFAULT, CREW_THIN = 16, 32
+STAGES = ("fp32", "bf16")
+
+
+def ag_movers(n: int) -> int:
+  """Initial movers of AG+GEMM for n output columns per rank."""
+  return CREW_THIN if n <= THIN_WORK_PER_BYTE else CREW_DEFAULT
+
+
+def rs_reducers(k: int) -> int:
+  """Initial reducers of GEMM+RS for a contraction of k per rank."""
+  return CREW_THIN if k <= THIN_WORK_PER_BYTE // 4 else CREW_DEFAULT
+
+
+@dataclasses.dataclass(frozen=True)
+class RsConfig:
+  """Fused GEMM+RS launch knobs.
+
+  cu_cap: at most this many CTAs (= SMs), None for all SMs.
+  reducers: CTAs that start as reducers; None = rs_reducers(k); 0 = builders only
+    until the GEMM queue is empty.
+  stage: dtype of the partial tiles the peers pull: "bf16" (default: half the
+    bytes; each partial rounded once, as XLA's bf16 dot is before its
+    psum_scatter) or "fp32" (exact partials). The sum is fp32 in rank order either
+    way. Portable builders (non-Hopper GPUs, other dtypes) always stage fp32.
+  """
+  cu_cap: int | None = None
+  reducers: int | None = None
+  stage: str = "bf16"
+
+  def __post_init__(self):
+    for name, v, lo in (("cu_cap", self.cu_cap, 1), ("reducers", self.reducers, 0)):
+      if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+        raise ValueError(f"RsConfig: {name}={v!r} must be an int >= {lo} or None")
+    if self.stage not in STAGES:
+      raise ValueError(f"RsConfig: stage={self.stage!r} must be one of {STAGES}")
 
 
 def heap_mb_from_env() -> int:

@@ -55,6 +55,8 @@ def _arms(kernel, M, K, N, m1, m2):
       "xla": (sm(m2, xla, (xs, ws), ys), (x2, w2)),
   }
   knob = "movers" if kernel == "ag_tn" else "reducers"
+  if kernel == "tn_rs":
+    arms["tp2 fp32-stage"] = (sm(m2, lambda a, b: op(a, b, axis_name="tp", stage="fp32"), (xs, ws), ys), (x2, w2))
   for c in (0, 8, 16, 32):
     arms[f"tp2 c={c}"] = (sm(m2, lambda a, b, c=c: op(a, b, axis_name="tp", **{knob: c}), (xs, ws), ys), (x2, w2))
   return arms

@@ -30,8 +30,9 @@ namespace kosmos {
 // store zeros there, the Hopper builders skip them).
 KOSMOS_HD inline size_t rs_tile_elems(int tile_n) { return (size_t)portable::kBM * tile_n; }
 
-KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s, int tile_n) {
-  return (size_t)rs_n_build(s) * rs_tile_elems(tile_n) * sizeof(float);
+// elem_bytes: 4 for fp32 staging, 2 for bf16 (Hopper builders only).
+KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s, int tile_n, int elem_bytes = 4) {
+  return (size_t)rs_n_build(s) * rs_tile_elems(tile_n) * elem_bytes;
 }
 
 template <typename T>
@@ -41,7 +42,8 @@ struct RsParams {
   T* y;        // [rows, N]: our chunk of the sum over ranks
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, rows, K, N;
-  int tile_n;  // builders' tile width: portable::kBN, or the Hopper engine's kBN
+  int tile_n;      // builders' tile width: portable::kBN, or the Hopper engine's kBN
+  int stage_bf16;  // 1: bf16 staging (Hopper builders only), 0: fp32
   RsShape shape;
   int reducers;
   size_t ctrl_off;  // this group's RS control block: rs_ctrl_offset(slot), same on every rank

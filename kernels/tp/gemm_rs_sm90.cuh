@@ -2,13 +2,21 @@
 // flags and epochs of gemm_rs.cuh, with builders that are the TMA + WGMMA tile
 // engine. The CTA life is rs_cta_builders_build (tp/rs_sched.h): the engine's
 // producer thread claims GEMM tiles (marking each step claimed), the epilogue
-// stages fp32 partial tiles, tile_done counts the band and publishes it; once
-// the GEMM queue is empty the CTA reduces (one way). Reducers never build.
+// stages partial tiles, tile_done counts the band and publishes it; once the
+// GEMM queue is empty the CTA reduces (one way). Reducers never build.
+//
+// Staging type StageT: float (partials exact to fp32) or bf16 (half the bytes
+// written, and pulled over NVLink by the peers, per partial). Either way the
+// reducers sum the ranks in fp32 in rank order and round once, so the result is
+// bitwise reproducible; bf16 partials are rounded once each, as XLA's bf16 dot
+// output is before its psum_scatter.
 //
 // A is x read as one [tp * rows, K] matrix; chunk c's tile row tr is engine tile
 // row c * T + tr, so rows % kBM == 0 (a tile never straddles two chunks: the
-// launcher checks). Staged tiles are kBM x Cfg::kBN fp32.
+// launcher checks). Staged tiles are kBM x Cfg::kBN of StageT.
 #pragma once
+#include <type_traits>
+
 #include "gemm/sm90/tile_engine.cuh"
 #include "tp/gemm_rs.cuh"
 
@@ -41,10 +49,11 @@ struct RsSm90Sched {
 };
 
 // By value (see AgSm90Hooks): the epilogue stores through row_ptr.
+template <class StageT>
 struct RsSm90Hooks {
   static constexpr bool kTileDone = true, kMapsRows = true;
   RsCtrl* ctrl;
-  float* stage;  // this rank's staging: heap + kHeapDataOffset
+  StageT* stage;  // this rank's staging: heap + kHeapDataOffset
   uint64_t epoch;
   RsShape s;
   int rows, tile_n;
@@ -63,7 +72,8 @@ struct RsSm90Hooks {
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
     const int in_tile = r - t.m * portable::kBM;
     if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
-    float* tile = stage + (size_t)slot_of(t) * rs_tile_elems(tile_n);
+    static_assert(sizeof(OutT) == sizeof(StageT), "the engine stores the staging type");
+    StageT* tile = stage + (size_t)slot_of(t) * rs_tile_elems(tile_n);
     return reinterpret_cast<OutT*>(tile + (ptrdiff_t)(in_tile - t.n) * tile_n);
   }
 
@@ -78,10 +88,15 @@ struct RsSm90Hooks {
   }
 };
 
-template <class Cfg>
+template <class Cfg, class StageT>
 struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
+
+  // Rank r's staged tile `slot` (rs_stage_slot), kBM x tile_n of StageT.
+  KOSMOS_DEVICE StageT* tile(int r, int slot) const {
+    return reinterpret_cast<StageT*>(this->p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(this->p.tile_n);
+  }
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.
@@ -89,8 +104,9 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     this->guard_data();
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
-    RsSm90Hooks hooks{this->ctrl, this->stage(a.rank, 0), this->epoch, a.shape, a.rows, a.tile_n};
-    sm90::TileEngine<Cfg, float, RsSm90Hooks>::run(pp.g, s, sched, hooks);
+    RsSm90Hooks<StageT> hooks{this->ctrl, tile(a.rank, 0), this->epoch, a.shape, a.rows, a.tile_n};
+    using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
+    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT>>::run(pp.g, s, sched, hooks);
     __syncthreads();  // the engine's warp groups leave at different times
   }
 
@@ -109,59 +125,86 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   }
 
   // Sums a staged tile over ranks 0..tp-1 in that order (rs_reduce_fixed's
-  // order, 4 columns at a time) and rounds once into Y. N % 8 == 0, so a
-  // 4-column group is wholly inside or outside the problem. Each thread keeps
+  // order, kVec columns at a time) and rounds once into Y. N % 8 == 0, so a
+  // vector of columns is wholly inside or outside the problem. Each thread keeps
   // kGroups 16-byte loads of one rank in flight before it adds them: one load at
   // a time leaves a reducer latency-bound (~17 us per 128 KB tile on H200).
   static constexpr int kGroups = 8;
+  static constexpr int kVec = 16 / sizeof(StageT);  // staged elements per 16-byte load
+  struct Acc {
+    float v[kVec];
+  };
 
   KOSMOS_DEVICE void reduce(const RsSlice& sl) {
     const RsParams<bf16_t>& a = this->p;
     const RsShape& sh = a.shape;
-    const int per_row = a.tile_n / 4, groups = portable::kBM * per_row;
+    const int per_row = a.tile_n / kVec, groups = portable::kBM * per_row;
     const int step = blockDim.x * kGroups;
     for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
       const int slot = rs_stage_slot(sh, sl.band, a.rank, k);
       const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
       for (int base = threadIdx.x; base < groups; base += step) {
-        float4 acc[kGroups], v[kGroups];
-        load_groups(this->stage(0, slot), base, groups, acc);
+        Acc acc[kGroups], v[kGroups];
+        load_groups(tile(0, slot), base, groups, acc);
         for (int src = 1; src < a.tp; ++src) {
-          load_groups(this->stage(src, slot), base, groups, v);
+          load_groups(tile(src, slot), base, groups, v);
           CUTE_UNROLL
           for (int u = 0; u < kGroups; ++u)
-            acc[u].x += v[u].x, acc[u].y += v[u].y, acc[u].z += v[u].z, acc[u].w += v[u].w;
+            CUTE_UNROLL
+            for (int e = 0; e < kVec; ++e) acc[u].v[e] += v[u].v[e];
         }
         CUTE_UNROLL
         for (int u = 0; u < kGroups; ++u) {
           const int i = base + u * (int)blockDim.x;
-          const int r = i / per_row, c = (i - r * per_row) * 4;
-          if (i < groups && row0 + r < a.rows && col0 + c < a.N)
-            store_bf16x4(a.y + (size_t)(row0 + r) * a.N + col0 + c, acc[u]);
+          const int r = i / per_row, c = (i - r * per_row) * kVec;
+          if (i < groups && row0 + r < a.rows && col0 + c < a.N) store_rounded(a.y + (size_t)(row0 + r) * a.N + col0 + c, acc[u]);
         }
       }
     }
   }
 
-  // L2-only loads: peers and other CTAs wrote the staging during this launch.
-  static KOSMOS_DEVICE void load_groups(const float* tile, int base, int groups, float4 (&v)[kGroups]) {
+  // L2-only 16-byte loads (peers and other CTAs wrote the staging during this
+  // launch), widened to fp32.
+  static KOSMOS_DEVICE void load_groups(const StageT* tile, int base, int groups, Acc (&v)[kGroups]) {
+    uint4 raw[kGroups];
     CUTE_UNROLL
     for (int u = 0; u < kGroups; ++u) {
       const int i = base + u * (int)blockDim.x;
-      if (i < groups) v[u] = __ldcg(reinterpret_cast<const float4*>(tile) + i);
+      if (i < groups) raw[u] = __ldcg(reinterpret_cast<const uint4*>(tile) + i);
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kGroups; ++u) {
+      if constexpr (std::is_same_v<StageT, float>) {
+        memcpy(v[u].v, &raw[u], 16);
+      } else {
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+        CUTE_UNROLL
+        for (int e = 0; e < kVec / 2; ++e) {
+          const float2 f = __bfloat1622float2(h[e]);
+          v[u].v[2 * e] = f.x, v[u].v[2 * e + 1] = f.y;
+        }
+      }
     }
   }
 
-  // 4 bf16 = 8 bytes, aligned: the column and N are multiples of 4.
-  static KOSMOS_DEVICE void store_bf16x4(bf16_t* out, float4 v) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 packed;
-    memcpy(&packed.x, &lo, 4), memcpy(&packed.y, &hi, 4);
-    *reinterpret_cast<uint2*>(out) = packed;
+  // kVec bf16 outputs, rounded once (8 or 16 bytes, aligned: the column and N
+  // are multiples of 8).
+  static KOSMOS_DEVICE void store_rounded(bf16_t* out, const Acc& a) {
+    uint32_t packed[kVec / 2];
+    CUTE_UNROLL
+    for (int e = 0; e < kVec / 2; ++e) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(a.v[2 * e], a.v[2 * e + 1]);
+      memcpy(&packed[e], &h, 4);
+    }
+    if constexpr (kVec == 4) {
+      *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+    } else {
+      *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
   }
 };
 
-template <class Cfg>
+template <class Cfg, class StageT>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
@@ -171,7 +214,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   // Every CTA reads the epoch before any CTA can finish and advance it.
   const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
-  RsSm90Ops<Cfg> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  RsSm90Ops<Cfg, StageT> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
   rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers);
 }
 

@@ -8,12 +8,14 @@ CUDA extension is built and a GPU is visible.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from kosmos_jax import _compat, _ext, runtime
-from kosmos_jax.config import AgConfig
+from kosmos_jax import config as _config
+from kosmos_jax.config import AgConfig, RsConfig
 from kosmos_jax.ops._dispatch import register_fused
 
 ag_tn_p = Primitive("kosmos_ag_tn")
@@ -64,10 +66,11 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
     raise NotImplementedError("kosmos_ag_tn is not compiled into this extension (CUDA build needed)")
   cfg = AgConfig(cu_cap=cu_cap, movers=movers)
   runtime.init()  # trace time: heaps exist before any kernel runs
+  mv = _config.ag_movers(int(w.shape[-1])) if cfg.movers is None else cfg.movers
   tp = int(_compat.axis_size(axis_name))
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
-  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=cfg.movers)
+  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=mv)
 
 
 def builder_runs() -> dict[str, dict[str, int]]:
@@ -89,14 +92,15 @@ register_fused("ag_tn", ag_tn_fused)
 tn_rs_p = Primitive("kosmos_tn_rs")
 
 
-def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers):
+def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers, stage):
   # The kernel is 2-D: x [tp*rows, k] -> y [rows, n]; same manual-axes typing as x.
   return x.update(shape=(x.shape[0] // tp, w.shape[1]))
 
 
-def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers):
+def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage):
   return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         reducers=np.int64(-1 if reducers is None else reducers))
+                         reducers=np.int64(-1 if reducers is None else reducers),
+                         stage_bf16=np.int64(stage == "bf16"))
 
 
 tn_rs_p.def_abstract_eval(_tn_rs_abstract)
@@ -117,7 +121,7 @@ def _rank_major(x, tp):
   return x.reshape(b, tp, m // tp, k).transpose(1, 0, 2, 3).reshape(m * b, k)
 
 
-def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None):
+def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None):
   """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
   summed over the group in fp32 in rank order and rounded once (bitwise reproducible).
 
@@ -125,12 +129,15 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None):
   builds tiles with the Hopper engine (kernels/tp/gemm_rs_sm90.cuh), whose reducers
   wait for builders instead of building; otherwise, and with
   KOSMOS_FUSED_BUILDERS=portable, portable builders (kernels/tp/gemm_rs.cuh).
-  `builder_runs()` counts which ran."""
+  `builder_runs()` counts which ran. `stage` ("bf16" default for bf16 inputs, or
+  "fp32"): the partial tiles' dtype, see kosmos_jax.config.RsConfig."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
-  for name, v, lo in (("cu_cap", cu_cap, 1), ("reducers", reducers, 0)):
-    if v is not None and (not isinstance(v, int) or v < lo):
-      raise ValueError(f"tn_rs_fused: {name}={v!r} must be an int >= {lo} or None")
+  if stage is None:
+    stage = "bf16" if x.dtype == jnp.bfloat16 else "fp32"
+  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage)
+  if cfg.stage == "bf16" and x.dtype != jnp.bfloat16:
+    raise ValueError(f"tn_rs_fused: stage='bf16' needs bf16 inputs, got x.dtype={x.dtype}")
   runtime.init()  # trace time: heaps exist before any kernel runs
   tp = int(_compat.axis_size(axis_name))
   if isinstance(axis_name, list):
@@ -138,7 +145,9 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None):
   *lead, m, _ = x.shape
   if m % tp:
     raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
-  y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cu_cap, reducers=reducers)
+  red = _config.rs_reducers(int(w.shape[0])) if cfg.reducers is None else cfg.reducers
+  y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, reducers=red,
+                   stage=cfg.stage)
   return y.reshape(*lead, m // tp, w.shape[1])
 
 
