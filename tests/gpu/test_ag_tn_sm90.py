@@ -99,9 +99,9 @@ def test_sm90_scan_200_calls_grid1_and_cap():
                   in_specs=(P(None, "tp", None), P()), out_specs=P("tp"))
     x, w = fresh((1, 512, 128), BF16), fresh((128, 256), BF16, scale=0.1)
     sums = np.asarray(f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())))
-    want = _oracle(x, w)[0, :8, :8].sum()
+    block = _oracle(x, w)[0, :8, :8]  # error scales with the magnitudes (see test_tn_rs_sm90)
     assert np.all(np.isfinite(sums)) and np.allclose(sums, sums[0, 0]), f"{kw}: sums move across calls"
-    assert abs(sums[0, 0] - want) <= 0.05 * max(1.0, abs(want)), (kw, sums[0, 0], want)
+    assert abs(sums[0, 0] - block.sum()) <= 1e-2 * np.abs(block).sum(), (kw, sums[0, 0], block.sum())
 
 
 def test_sm90_single_device_group():

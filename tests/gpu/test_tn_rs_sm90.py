@@ -126,9 +126,12 @@ def test_sm90_scan_200_calls_grid1_and_cap():
     x, w = fresh((512, 256), BF16), fresh((256, 256), BF16, scale=0.1)
     sums = np.asarray(f(put(x, mesh, xs), put(w, mesh, ws)))
     assert np.all(np.isfinite(sums)) and np.all(sums == sums[:, :1]), f"{kw}: sums move across calls"
-    want = [_oracle(x, w)[r * 256:r * 256 + 8, :8].sum() for r in range(2)]
+    # A sum of 64 bf16 outputs: its error scales with the sum of magnitudes, not
+    # with the (possibly cancelling) sum itself; stale or missing tiles are far off.
+    blocks = [_oracle(x, w)[r * 256:r * 256 + 8, :8] for r in range(2)]
     for r in range(2):
-      assert abs(sums[r, 0] - want[r]) <= 0.05 * max(1.0, abs(want[r])), (kw, r, sums[r, 0], want[r])
+      tol = 1e-2 * np.abs(blocks[r]).sum()
+      assert abs(sums[r, 0] - blocks[r].sum()) <= tol, (kw, r, sums[r, 0], blocks[r].sum(), tol)
 
 
 def test_sm90_single_device_group():
