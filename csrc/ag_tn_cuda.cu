@@ -59,15 +59,12 @@ using namespace kosmos;
 // in L2 across a wave (as gemm/sm90/gemm_kernel.cuh's kSwizzleGroup).
 constexpr int kAgSwizzle = 8;
 
+// The Hopper-builder launch, counted only when it was accepted.
 static ffi::Error launch_sm90(const AgParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && poison_output()) e = cudaMemsetAsync(p.y, 0xFF, y_bytes, stream);
-  if (e == cudaSuccess) e = ag_tn_sm90_launch(p, grid, stream);
-  if (e != cudaSuccess)
-    return ffi::Error::Internal("kosmos_ag_tn: Hopper launch of " + std::to_string(grid) + " CTAs on ordinal " +
-                                std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
-  g_runs[0]++;
-  return ffi::Error::Success();
+  if (auto err = launch_prologue("kosmos_ag_tn", stream, p.y, y_bytes); err.failure()) return err;
+  ffi::Error err = launch_result("kosmos_ag_tn", ag_tn_sm90_launch(p, grid, stream), grid, ordinal);
+  if (err.success()) g_runs[0]++;
+  return err;
 }
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,

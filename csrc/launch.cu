@@ -108,20 +108,31 @@ bool poison_output() {
   return on;
 }
 
-xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, int dtype, void* params,
-                                  CUstream_st* stream, int ordinal, int grid, void* y, size_t y_bytes) {
+xla::ffi::Error launch_prologue(const char* op, CUstream_st* stream, void* y, size_t y_bytes) {
   using xla::ffi::Error;
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return Error::Internal(std::string(op) + ": pending CUDA error " + cudaGetErrorString(e));
   if (poison_output() && (e = cudaMemsetAsync(y, 0xFF, y_bytes, stream)) != cudaSuccess)
     return Error::Internal(std::string(op) + ": poisoning the output failed: " + cudaGetErrorString(e));
-  void* args[] = {params};
-  e = cudaLaunchKernel(k.fn[dtype], dim3(grid), dim3(portable::kThreads), args, (size_t)k.dyn_smem[dtype][ordinal], stream);
+  return Error::Success();
+}
+
+xla::ffi::Error launch_result(const char* op, int launch_err, int grid, int ordinal) {
+  cudaError_t e = static_cast<cudaError_t>(launch_err);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
-    return Error::Internal(std::string(op) + ": launch of " + std::to_string(grid) + " CTAs on ordinal " +
-                           std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
-  return Error::Success();
+    return xla::ffi::Error::Internal(std::string(op) + ": launch of " + std::to_string(grid) + " CTAs on ordinal " +
+                                     std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
+  return xla::ffi::Error::Success();
+}
+
+xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, int dtype, void* params,
+                                  CUstream_st* stream, int ordinal, int grid, void* y, size_t y_bytes) {
+  if (auto err = launch_prologue(op, stream, y, y_bytes); err.failure()) return err;
+  void* args[] = {params};
+  return launch_result(op, cudaLaunchKernel(k.fn[dtype], dim3(grid), dim3(portable::kThreads), args,
+                                            (size_t)k.dyn_smem[dtype][ordinal], stream),
+                       grid, ordinal);
 }
 
 bool force_portable_builders() {

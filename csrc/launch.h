@@ -50,6 +50,13 @@ std::string prepare_all(PersistentKernels* k, int ordinal);
 // 0 for f32, 1 for f16, 2 for bf16, -1 otherwise.
 int dtype_index(xla::ffi::DataType t);
 
+// The two halves every fused launch shares. launch_prologue: no pending CUDA
+// error, then (KOSMOS_POISON_OUTPUT) y filled with NaN bytes. launch_result: the
+// error a launch returned (a cudaError_t as int) or left pending, as an FFI error
+// naming the op, grid and device.
+xla::ffi::Error launch_prologue(const char* op, CUstream_st* stream, void* y, size_t y_bytes);
+xla::ffi::Error launch_result(const char* op, int launch_err, int grid, int ordinal);
+
 // Launches k.fn[dtype] with grid x kThreads threads and `params` as its one
 // argument on `stream`; with KOSMOS_POISON_OUTPUT set, fills y with NaN bytes
 // first, so an element the kernel forgets to write shows up as NaN.

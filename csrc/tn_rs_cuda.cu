@@ -76,15 +76,12 @@ static std::string heap_check(const RsShape& s, int tile_n, int elem, int64_t ro
 
 using namespace kosmos;
 
+// The Hopper-builder launch, counted only when it was accepted.
 static ffi::Error launch_sm90(const RsParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && poison_output()) e = cudaMemsetAsync(p.y, 0xFF, y_bytes, stream);
-  if (e == cudaSuccess) e = tn_rs_sm90_launch(p, grid, stream);
-  if (e != cudaSuccess)
-    return ffi::Error::Internal("kosmos_tn_rs: Hopper launch of " + std::to_string(grid) + " CTAs on ordinal " +
-                                std::to_string(ordinal) + " failed: " + cudaGetErrorString(e));
-  g_runs[0]++;
-  return ffi::Error::Success();
+  if (auto err = launch_prologue("kosmos_tn_rs", stream, p.y, y_bytes); err.failure()) return err;
+  ffi::Error err = launch_result("kosmos_tn_rs", tn_rs_sm90_launch(p, grid, stream), grid, ordinal);
+  if (err.success()) g_runs[0]++;
+  return err;
 }
 
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,

@@ -63,3 +63,15 @@ def shard_map(f, m, in_specs, out_specs):
 
 
 __all__ = ["TOLERANCE", "tol", "rel_err", "assert_close", "fresh", "mesh", "put", "shard_map", "P"]
+
+
+def gpu_mesh(tp: int, *, hopper: bool = False):
+  """A ('tp',) mesh over the first tp GPUs; skips the test when there are fewer, or
+  (hopper=True) when they are not compute capability 9.0."""
+  import pytest
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if len(gpus) < tp:
+    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
+  if hopper and gpus[0].compute_capability != "9.0":
+    pytest.skip(f"Hopper builders need compute capability 9.0, found {gpus[0].compute_capability}")
+  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))

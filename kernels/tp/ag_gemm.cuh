@@ -155,8 +155,7 @@ template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) ag_tn_kernel(const AgParams<T> p) {
   __shared__ AgShared sm;
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
-  // Every CTA reads the epoch before any CTA can finish and advance it.
-  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
   AgDeviceOps<T> ops{p, sm, ctrl, epoch, false};
   ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers);
 }

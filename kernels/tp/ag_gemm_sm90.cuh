@@ -84,11 +84,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
   static_assert(Cfg::kBM == portable::kBM, "moves and builds share the 128-row tile row");
   extern __shared__ char smem_raw[];
   __shared__ AgSm90Shared sm;
-  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-  auto& s = *reinterpret_cast<sm90::SharedStorage<Cfg>*>(base);
+  auto& s = sm90::shared_storage<Cfg>(smem_raw);
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.ag.heap[p.ag.rank] + p.ag.ctrl_off);
-  // Every CTA reads the epoch before any CTA can finish and advance it.
-  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
   struct Ops : AgDeviceOps<bf16_t, AgSm90Shared> {
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;

@@ -181,8 +181,7 @@ template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) tn_rs_kernel(const RsParams<T> p) {
   __shared__ RsShared sm;
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.heap[p.rank] + p.ctrl_off);
-  // Every CTA reads the epoch before any CTA can finish and advance it.
-  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsDeviceOps<T> ops{p, sm, ctrl, epoch, false};
   rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers);
 }

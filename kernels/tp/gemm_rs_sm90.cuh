@@ -209,11 +209,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
   __shared__ RsSm90Shared sm;
-  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-  auto& s = *reinterpret_cast<sm90::SharedStorage<Cfg>*>(base);
+  auto& s = sm90::shared_storage<Cfg>(smem_raw);
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
-  // Every CTA reads the epoch before any CTA can finish and advance it.
-  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(&ctrl->epoch) + 1;
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsSm90Ops<Cfg, StageT> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
   rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers);
 }

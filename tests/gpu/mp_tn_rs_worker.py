@@ -1,13 +1,9 @@
 """One process of the multi-process (one GPU per process, jax.distributed) test of
 fused GEMM+RS: heaps are exchanged as CUDA IPC handles through JAX's key-value
 store. Usage: python mp_tn_rs_worker.py PROCESS_ID NUM_PROCESSES PORT"""
-import os
 import sys
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("KOSMOS_POISON_OUTPUT", "1")
-
+import mp_common  # noqa: I001  (before jax: sets the environment)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -33,19 +29,14 @@ def _rel(got, want):
 
 
 def main():
-  pid, nproc, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid,
-                             local_device_ids=[pid])
-  from kosmos_jax import ops, reference, runtime
+  pid, mesh = mp_common.start(sys.argv)
+  from kosmos_jax import ops, reference
   from kosmos_jax.ops._fused_tp import tn_rs_fused
 
-  info = runtime.init()
-  assert info["mode"] == "ipc", info
-  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("tp",))
   rng = np.random.default_rng(11)  # same global inputs in every process
 
   def glob(a, spec):
-    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
+    return mp_common.glob(mesh, a, spec)
 
   jitted = {}  # one executable per (kind, kwargs): repeated calls reuse it
 

@@ -8,14 +8,7 @@ import pytest
 
 from kosmos_jax import ops, reference
 from kosmos_jax.ops._fused_tp import ag_tn_fused
-from helpers import P, assert_close, fresh, put, shard_map
-
-
-def _gpu_mesh(tp):
-  gpus = [d for d in jax.devices() if d.platform == "gpu"]
-  if len(gpus) < tp:
-    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
-  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))
+from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 
 def _oracle(x, w):
@@ -62,7 +55,7 @@ SHAPES = [  # (batch, m total, k, n, dtype)
 
 @pytest.mark.parametrize("b,m,k,n,dtype", SHAPES)
 def test_ag_tn_fused_matches_twin_and_oracle(b, m, k, n, dtype):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   _check(mesh, fresh((b, m, k), dtype), fresh((k, n), dtype, scale=k ** -0.5), dtype)
 
 
@@ -70,7 +63,7 @@ def test_ag_tn_fused_matches_twin_and_oracle(b, m, k, n, dtype):
                                 dict(movers=0), dict(cu_cap=3, movers=3)],
                          ids=["grid1", "grid1-mover", "cap7", "no-movers", "all-movers"])
 def test_ag_tn_fused_grids(kw):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   _check(mesh, fresh((2, 768, 192), jnp.bfloat16), fresh((192, 256), jnp.bfloat16, scale=0.07),
          jnp.bfloat16, **kw)
 
@@ -78,7 +71,7 @@ def test_ag_tn_fused_grids(kw):
 def test_ag_tn_fused_back_to_back_fresh_inputs():
   """Many calls with new inputs reuse the heap: epochs and the done-handshake must
   keep every call's rows apart (a stale row shows up as a mismatch)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   f = shard_map(_fused(), mesh, in_specs=(P(None, "tp", None), P()), out_specs=OUT)
   ins = [(fresh((1, 1024, 256), jnp.float32), fresh((256, 512), jnp.float32, scale=1 / 16)) for _ in range(12)]
   outs = [f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())) for x, w in ins]  # pipelined, one sync
@@ -89,7 +82,7 @@ def test_ag_tn_fused_back_to_back_fresh_inputs():
 
 def test_ag_tn_fused_in_one_program_twice():
   """Two fused calls in one jitted program (epochs advance inside one executable)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   x, w1, w2 = fresh((1, 512, 128), jnp.float32), fresh((128, 128), jnp.float32, 0.1), fresh((128, 64), jnp.float32, 0.1)
 
   def two(a, b, c):
@@ -106,7 +99,7 @@ def test_ag_tn_fused_in_one_program_twice():
 
 def test_ag_tn_dispatch_fused_env(monkeypatch):
   """KOSMOS_IMPL=fused routes ops.ag_tn to the kernel (and never to the twin)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   monkeypatch.setenv("KOSMOS_IMPL", "fused")
   x, w = fresh((1, 256, 64), jnp.bfloat16), fresh((64, 96), jnp.bfloat16, 0.125)
   f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", cu_cap=16), mesh,
@@ -119,6 +112,6 @@ def test_ag_tn_dispatch_fused_env(monkeypatch):
 
 
 def test_ag_tn_fused_single_device_group():
-  mesh = _gpu_mesh(1)
+  mesh = gpu_mesh(1)
   x, w = fresh((2, 200, 64), jnp.float32), fresh((64, 72), jnp.float32, 0.125)
   _check(mesh, x, w, jnp.float32)

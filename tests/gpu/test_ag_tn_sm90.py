@@ -9,19 +9,10 @@ import pytest
 
 from kosmos_jax import reference
 from kosmos_jax.ops._fused_tp import ag_tn_fused, builder_runs
-from helpers import P, assert_close, fresh, put, shard_map
+from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 BF16 = jnp.bfloat16
 OUT = P("tp", None, None)  # each device's gathered product, stacked along batch
-
-
-def _gpu_mesh(tp):
-  gpus = [d for d in jax.devices() if d.platform == "gpu"]
-  if len(gpus) < tp:
-    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
-  if gpus[0].compute_capability != "9.0":
-    pytest.skip(f"Hopper builders need compute capability 9.0, found {gpus[0].compute_capability}")
-  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))
 
 
 def _fn(mesh, **kw):
@@ -64,7 +55,7 @@ SHAPES = [  # (batch, m total, k, n)
 
 @pytest.mark.parametrize("b,m,k,n", SHAPES)
 def test_sm90_matches_twin_and_oracle(b, m, k, n):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   _check(mesh, fresh((b, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5))
 
 
@@ -72,14 +63,14 @@ def test_sm90_matches_twin_and_oracle(b, m, k, n):
                                 dict(movers=32)],
                          ids=["grid1", "cap7", "movers0-runs-as-1", "all-movers", "movers32"])
 def test_sm90_grids(kw):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   _check(mesh, fresh((1, 1536, 384), BF16), fresh((384, 768), BF16, scale=0.05), **kw)
 
 
 def test_sm90_back_to_back_fresh_inputs():
   """50 pipelined calls with new inputs: epochs, the done handshake and the TMA
   reads of the gather slots must keep every call's rows apart."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   f = _fn(mesh)
   ins = [(fresh((1, 1024, 256), BF16), fresh((256, 512), BF16, scale=1 / 16)) for _ in range(50)]
   outs = [f(x, w) for x, w in ins]  # one sync at the end
@@ -90,7 +81,7 @@ def test_sm90_back_to_back_fresh_inputs():
 
 def test_sm90_scan_200_calls_grid1_and_cap():
   """200 launches inside one jitted scan, at grid 1 and at a CU cap."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   for kw in (dict(cu_cap=1), dict(cu_cap=7)):
     def body(c, _, kw=kw):
       y = ag_tn_fused(c[0], c[1], axis_name="tp", **kw)
@@ -105,5 +96,5 @@ def test_sm90_scan_200_calls_grid1_and_cap():
 
 
 def test_sm90_single_device_group():
-  mesh = _gpu_mesh(1)
+  mesh = gpu_mesh(1, hopper=True)
   _check(mesh, fresh((2, 200, 64), BF16), fresh((64, 72), BF16, scale=0.125))

@@ -10,14 +10,7 @@ import pytest
 
 from kosmos_jax import ops, reference
 from kosmos_jax.ops._fused_tp import tn_rs_fused
-from helpers import P, assert_close, fresh, put, shard_map
-
-
-def _gpu_mesh(tp):
-  gpus = [d for d in jax.devices() if d.platform == "gpu"]
-  if len(gpus) < tp:
-    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
-  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))
+from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 
 def _specs(ndim):
@@ -61,7 +54,7 @@ SHAPES = [  # (lead dims, m, K total, n, dtype)
 
 @pytest.mark.parametrize("lead,m,k,n,dtype", SHAPES)
 def test_tn_rs_fused_matches_twin_and_oracle(lead, m, k, n, dtype):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   _check(mesh, fresh((*lead, m, k), dtype), fresh((k, n), dtype, scale=k ** -0.5), dtype)
 
 
@@ -71,7 +64,7 @@ GRID_IDS = ["grid1", "grid1-reducer", "cap7", "no-reducers", "all-reducers"]
 
 @pytest.mark.parametrize("kw", GRIDS, ids=GRID_IDS)
 def test_tn_rs_fused_grids(kw):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   _check(mesh, fresh((2, 768, 192), jnp.bfloat16), fresh((192, 256), jnp.bfloat16, scale=0.07),
          jnp.bfloat16, **kw)
 
@@ -79,7 +72,7 @@ def test_tn_rs_fused_grids(kw):
 def test_tn_rs_fused_bitwise_whatever_the_grid():
   """Fixed-order fp32 sums rounded once: the bits depend on the data alone, not on
   which CTA built or reduced what, nor on the run."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   x, w = fresh((1, 1000, 384), jnp.bfloat16), fresh((384, 520), jnp.bfloat16, scale=0.05)
   runs = [np.asarray(_run(mesh, _fused(**kw), x, w)).view(np.uint16)
           for kw in (dict(), dict(), dict(cu_cap=1), dict(cu_cap=7, reducers=3))]
@@ -90,7 +83,7 @@ def test_tn_rs_fused_bitwise_whatever_the_grid():
 def test_tn_rs_fused_back_to_back_fresh_inputs():
   """Calls with new inputs reuse the staging: epochs and the done-handshake must
   keep every call's partials apart (a stale partial shows up as a mismatch)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   xs, ws, ys = _specs(3)
   f = shard_map(_fused(), mesh, in_specs=(xs, ws), out_specs=ys)
   ins = [(fresh((1, 1024, 256), jnp.float32), fresh((256, 512), jnp.float32, scale=1 / 16)) for _ in range(12)]
@@ -102,7 +95,7 @@ def test_tn_rs_fused_back_to_back_fresh_inputs():
 def test_tn_rs_after_ag_tn_shares_the_data_region():
   """ag_tn and tn_rs alternate over one heap data region (HeapUse hands it over)."""
   from kosmos_jax.ops._fused_tp import ag_tn_fused
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
 
   def both(x, w1, w2):  # x [1, m/tp, k] -> AG -> [1, m, h] -> RS -> [1, m/tp, k]
     return tn_rs_fused(ag_tn_fused(x, w1, axis_name="tp"), w2, axis_name="tp")
@@ -117,7 +110,7 @@ def test_tn_rs_after_ag_tn_shares_the_data_region():
 
 def test_tn_rs_dispatch_fused_env(monkeypatch):
   """KOSMOS_IMPL=fused routes ops.tn_rs to the kernel (and never to the twin)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   monkeypatch.setenv("KOSMOS_IMPL", "fused")
   x, w = fresh((1, 256, 64), jnp.bfloat16), fresh((64, 96), jnp.bfloat16, 0.125)
   xs, ws, ys = _specs(3)
@@ -128,12 +121,12 @@ def test_tn_rs_dispatch_fused_env(monkeypatch):
 
 
 def test_tn_rs_fused_single_device_group():
-  mesh = _gpu_mesh(1)
+  mesh = gpu_mesh(1)
   _check(mesh, fresh((2, 200, 64), jnp.float32), fresh((64, 72), jnp.float32, 0.125), jnp.float32)
 
 
 def test_tn_rs_heap_too_small_names_the_fix():
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   from kosmos_jax import runtime
   heap = runtime.init()["heap_mb"] << 20
   m, nt = 4096, heap // (2 * 16 * 128 * 128 * 4) + 1  # 16 tile rows per chunk: staging > heap
@@ -147,7 +140,7 @@ def test_tn_rs_heap_too_small_names_the_fix():
 def test_tn_rs_200_dispatches_fresh_inputs(cu_cap):
   """200 calls back to back, one sync at the end: epochs, step_claimed/pub flags
   and the done-handshake must neither hang (bounded waits trap) nor mix calls."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2)
   xs, ws, ys = _specs(3)
   f = shard_map(_fused(cu_cap=cu_cap), mesh, in_specs=(xs, ws), out_specs=ys)
   ins = [(fresh((1, 256, 128), jnp.float32), fresh((128, 96), jnp.float32, scale=0.09)) for _ in range(200)]

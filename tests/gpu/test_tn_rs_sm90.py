@@ -9,18 +9,9 @@ import pytest
 
 from kosmos_jax import reference
 from kosmos_jax.ops._fused_tp import builder_runs, tn_rs_fused
-from helpers import P, assert_close, fresh, put, shard_map
+from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 BF16 = jnp.bfloat16
-
-
-def _gpu_mesh(tp):
-  gpus = [d for d in jax.devices() if d.platform == "gpu"]
-  if len(gpus) < tp:
-    pytest.skip(f"needs {tp} GPUs, found {len(gpus)}")
-  if gpus[0].compute_capability != "9.0":
-    pytest.skip(f"Hopper builders need compute capability 9.0, found {gpus[0].compute_capability}")
-  return jax.sharding.Mesh(np.array(gpus[:tp]), ("tp",))
 
 
 def _specs(ndim):
@@ -71,14 +62,14 @@ SHAPES = [  # (lead dims, m, K total, n): m / tp rows a multiple of 128
 @pytest.mark.parametrize("stage", ["bf16", "fp32"])
 @pytest.mark.parametrize("lead,m,k,n", SHAPES)
 def test_sm90_matches_twin_and_oracle(lead, m, k, n, stage):
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   _check(mesh, fresh((*lead, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5), stage=stage)
 
 
 @pytest.mark.parametrize("stage", ["bf16", "fp32"])
 def test_sm90_bitwise_across_grids_and_runs(stage):
   """Fixed-order fp32 sum, rounded once: every grid, crew and run gives the same bits."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   x, w = fresh((1024, 768), BF16), fresh((768, 512), BF16, scale=0.04)
   outs = {}
   for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(reducers=0), dict(cu_cap=5, reducers=5),
@@ -92,7 +83,7 @@ def test_sm90_bitwise_across_grids_and_runs(stage):
 def test_sm90_error_no_worse_than_xla_psum_scatter():
   """Issue 6: error against a float64 reference no worse than XLA's dot + psum_scatter
   (both stagings; bf16 partials are rounded once each, as XLA's are)."""
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   x, w = fresh((2048, 4096), BF16), fresh((4096, 1024), BF16, scale=4096 ** -0.5)
   oracle = _oracle(x, w)
   err = lambda y: float(np.linalg.norm(np.asarray(y, np.float64) - oracle) / np.linalg.norm(oracle))
@@ -106,7 +97,7 @@ def test_sm90_error_no_worse_than_xla_psum_scatter():
 
 
 def test_sm90_back_to_back_fresh_inputs():
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp"))
   ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(50)]
   outs = [f(x, w) for x, w in ins]  # one sync at the end
@@ -115,7 +106,7 @@ def test_sm90_back_to_back_fresh_inputs():
 
 
 def test_sm90_scan_200_calls_grid1_and_cap():
-  mesh = _gpu_mesh(2)
+  mesh = gpu_mesh(2, hopper=True)
   xs, ws, _ = _specs(2)
   for kw in (dict(cu_cap=1), dict(cu_cap=7)):
     def body(c, _, kw=kw):
@@ -135,5 +126,5 @@ def test_sm90_scan_200_calls_grid1_and_cap():
 
 
 def test_sm90_single_device_group():
-  mesh = _gpu_mesh(1)
+  mesh = gpu_mesh(1, hopper=True)
   _check(mesh, fresh((256, 64), BF16), fresh((64, 72), BF16, scale=0.125))

@@ -19,8 +19,7 @@ constexpr int kSwizzleGroup = 8;
 template <class Cfg, class OutT>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid_constant__ Params<Cfg> p) {
   extern __shared__ char smem_raw[];
-  auto base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>(base);
+  auto& s = shared_storage<Cfg>(smem_raw);
   const gemm::SwizzledOrder order{gemm::ceil_div(p.M, Cfg::kBM), gemm::ceil_div(p.N, Cfg::kBN), kSwizzleGroup};
   gemm::StaticScheduler sched(order, blockIdx.x, gridDim.x);
   gemm::NoHooks hooks;

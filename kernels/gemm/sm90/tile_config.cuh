@@ -112,4 +112,12 @@ struct SharedStorage {
   static constexpr size_t kLaunchBytes = sizeof(SharedStorage) + 1024;  // + base alignment slack
 };
 
+// The CTA's SharedStorage in dynamic shared memory `raw` (kLaunchBytes long),
+// its base rounded up to the 1024 bytes the swizzled rings need.
+template <class Cfg>
+CUTE_DEVICE SharedStorage<Cfg>& shared_storage(char* raw) {
+  const auto base = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
+  return *reinterpret_cast<SharedStorage<Cfg>*>(base);
+}
+
 }  // namespace kosmos::sm90

@@ -52,4 +52,11 @@ KOSMOS_HD inline uint64_t wait_ge(const uint64_t* flag, uint64_t expected, uint6
   }
 }
 
+// This launch's epoch: one past the last completed one. Every CTA reads it at
+// its start, before any CTA can finish and advance it (the last CTA does, after
+// every CTA has counted itself finished), so all CTAs agree without a barrier.
+KOSMOS_HD inline uint64_t launch_epoch(const uint64_t* last_done) {
+  return *reinterpret_cast<const volatile uint64_t*>(last_done) + 1;
+}
+
 }  // namespace kosmos
