@@ -19,6 +19,7 @@
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
+#include "trace_buf.h"
 #include "tp/ag_gemm.cuh"
 
 namespace ffi = xla::ffi;
@@ -114,6 +115,7 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
     p.movers = mv; p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
     }

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <stdexcept>
@@ -13,6 +14,9 @@
 #include "cuda_info.h"
 #include "launch.h"
 #include "matmul.h"
+#ifdef KOSMOS_WITH_CUDA
+#include "trace_buf.h"
+#endif
 #include "runtime.h"
 #endif
 
@@ -93,6 +97,20 @@ static std::string Unreachable(int ordinal, int64_t global_id) {
   std::string why;
   return kosmos::Runtime::get().heap_for(ordinal, global_id, &why) ? std::string() : why;
 }
+
+// Role timelines (kosmos_jax.trace.capture): raise on failure.
+static void TraceEnable(int ordinal, uint32_t cap) {
+  std::string err = kosmos::trace_enable(ordinal, cap);
+  if (!err.empty()) throw std::runtime_error(err);
+}
+
+static std::tuple<nb::bytes, nb::bytes, uint32_t> TraceRead(int ordinal) {
+  std::string records, counts;
+  uint32_t cap = 0;
+  std::string err = kosmos::trace_read(ordinal, &records, &counts, &cap);
+  if (!err.empty()) throw std::runtime_error(err);
+  return {nb::bytes(records.data(), records.size()), nb::bytes(counts.data(), counts.size()), cap};
+}
 #endif
 
 NB_MODULE(_kosmos_ext, m) {
@@ -109,5 +127,9 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("matmul_engine_runs", &kosmos::matmul_engine_runs);  // test hook: launches per engine
   m.def("ag_tn_engine_runs", &kosmos::ag_tn_engine_runs);    // test hooks: launches per builder engine
   m.def("tn_rs_engine_runs", &kosmos::tn_rs_engine_runs);
+  m.def("trace_compiled", &kosmos::trace_compiled);
+  m.def("trace_enable", &TraceEnable);
+  m.def("trace_disable", &kosmos::trace_disable);
+  m.def("trace_read", &TraceRead);
 #endif
 }

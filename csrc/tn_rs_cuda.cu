@@ -18,6 +18,7 @@
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
+#include "trace_buf.h"
 #include "tn_rs_sm90.h"
 #include "tp/gemm_rs.cuh"
 
@@ -126,6 +127,7 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
     p.stage_bf16 = bf16_stage ? 1 : 0;
     p.shape = shape; p.reducers = red; p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
+    p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
     }

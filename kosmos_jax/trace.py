@@ -18,6 +18,14 @@ flattens that into one record array; ``to_chrome_trace`` makes a Chrome-trace /
 Perfetto JSON object ("traceEvents": one process per rank, one thread row per
 CTA); ``plot_timeline`` draws a PNG (x = time, y = CTA, colour = role).
 
+``capture(fn, *args)`` runs one call with recording on for every local GPU and
+returns its records; it needs the extension built with ``KOSMOS_TRACE=ON``
+(``pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON``), and
+raises NotImplementedError otherwise. The fused kernels record: movers' copies
+(move) and the waits for a peer's row (wait); Hopper builders one build span per
+CTA plus each wait for a tile's rows (tile = engine tile row); portable builders
+one build span per tile; reducers one span per slice and their waits.
+
 Clocks of different GPUs are not synchronised exactly (%globaltimer is per
 device), so spans of different ranks line up only to within their clock skew;
 ``per_rank_origin=True`` starts every rank at 0 instead of one shared origin.
@@ -63,6 +71,41 @@ def records_from_buffer(records, counts, cap: int) -> tuple[np.ndarray, int]:
   parts = [recs[c * cap: c * cap + int(n)] for c, n in enumerate(kept)]
   out = np.concatenate(parts) if parts else np.zeros(0, RECORD_DTYPE)
   return out, int((counts - kept).sum())
+
+
+def capture(fn, *args, cap: int = 4096):
+  """(fn(*args), records, dropped): one call with role recording on every local GPU.
+
+  `cap` records are kept per CTA per device (the rest are counted in `dropped`).
+  Every kernel launch of the call appends to the same lists, so capture a single
+  step. Synchronises the devices before and after."""
+  import jax
+
+  from kosmos_jax import _ext, runtime
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "trace_compiled"):
+    raise NotImplementedError(f"role timelines need the CUDA extension: {why or 'built without CUDA'}")
+  if not mod.trace_compiled():
+    raise NotImplementedError("the kernels were built without KOSMOS_TRACE: rebuild with "
+                              "`pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON`")
+  if not isinstance(cap, int) or cap < 1:
+    raise ValueError(f"capture: cap={cap!r} must be a positive int")
+  runtime.init()
+  ordinals = [d.local_hardware_id for d in jax.local_devices() if d.platform == "gpu"]
+  for o in ordinals:
+    mod.trace_enable(o, cap)
+  try:
+    out = jax.block_until_ready(fn(*args))
+  finally:
+    for o in ordinals:
+      mod.trace_disable(o)
+  parts, dropped = [], 0
+  for o in ordinals:
+    raw, counts, c = mod.trace_read(o)
+    recs, lost = records_from_buffer(raw, np.frombuffer(counts, np.uint32), int(c))
+    parts.append(recs)
+    dropped += lost
+  return out, np.concatenate(parts) if parts else np.zeros(0, RECORD_DTYPE), dropped
 
 
 def _checked(records) -> np.ndarray:

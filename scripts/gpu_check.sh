@@ -16,7 +16,9 @@ if ! $PY -c 'import cutlass_library' 2>/dev/null; then
   export PYTHONPATH=/tmp/kosmos_site${PYTHONPATH:+:$PYTHONPATH}
 fi
 t0=$(date +%s)
-$PY -m pip install --no-build-isolation --no-deps -e . -Ccmake.define.KOSMOS_CUDA=on > "$OUT/build.log" 2>&1 \
+# TRACE=1: kernels record role timelines (kosmos_jax.trace.capture, scripts/gpu_timelines.py).
+$PY -m pip install --no-build-isolation --no-deps -e . -Ccmake.define.KOSMOS_CUDA=on \
+  -Ccmake.define.KOSMOS_TRACE="$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF)" > "$OUT/build.log" 2>&1 \
   || { echo "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 KOSMOS_TEST_PLATFORMS=cuda,cpu $PY -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/gpu} "$@" 2>&1 | tee "$OUT/pytest.log"

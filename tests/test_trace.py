@@ -124,3 +124,11 @@ def test_png_timeline(tmp_path):
     head = f.read(8)
   assert head == b"\x89PNG\r\n\x1a\n"
   assert os.path.getsize(path) > 2000
+
+
+def test_capture_needs_a_traced_build():
+  """capture() refuses clearly when the kernels cannot record (no CUDA build, or a
+  build without KOSMOS_TRACE): it never returns an empty timeline as if it ran."""
+  from kosmos_jax import trace
+  with pytest.raises(NotImplementedError, match="KOSMOS_TRACE|CUDA"):
+    trace.capture(lambda: 1)

@@ -12,6 +12,7 @@
 #include "kosmos/platform.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
+#include "kosmos/trace.h"
 #include "kosmos/transport.h"
 #include "tp/ag_layout.h"
 #include "tp/ag_sched.h"
@@ -32,6 +33,7 @@ struct AgParams {
   size_t ctrl_off;    // this group's control block: ag_ctrl_offset(slot), same on every rank
   size_t slot_bytes;  // bytes per rank slot in the gather region
   uint64_t timeout_ns;
+  TraceBuf trace;     // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
 };
 
 struct AgShared {
@@ -98,26 +100,33 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::guard_data() {
 
 template <typename T, class Shared>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared>::move(const AgMove& m, int i) {
-  (void)i;
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
   guard_data();
   if (m.publish) {
+    const TraceSpan span;
     cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
     __syncthreads();  // all writes of the row before the release below
     if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
+    if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceMove, i);
     return;
   }
-  if (threadIdx.x == 0)
+  const TraceSpan wait;
+  if (threadIdx.x == 0) {
     wait_ge<Scope::kSys>(&ctrl_of(m.src)->pub[m.t], epoch, p.timeout_ns, site("peer_pub", m.src * kMaxTileRows + m.t));
+    wait.close(p.trace, blockIdx.x, kTraceWait, i);
+  }
   __syncthreads();  // every thread's loads are ordered after thread 0's acquire
+  const TraceSpan pull;
   cta_copy16(slot(p.rank, m.src) + off, slot(m.src, m.src) + off, bytes);  // pull
   __syncthreads();
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
+  if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
 }
 
 template <typename T, class Shared>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
+  const TraceSpan span;
   const int r0 = b.t * portable::kBM;
   const int rows = min(portable::kBM, p.rows - r0);
   const T* a = b.src == p.rank ? p.x + (size_t)r0 * p.K
@@ -131,6 +140,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
     return (g / m) * (tp * m) + src * m + g % m;
   };
   portable::tile_store(acc, p.y, rows, p.N, b.tn * portable::kBN, row_of);
+  if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceBuild, (b.src * p.shape.T + b.t) * p.shape.NT + b.tn);
 }
 
 // The last CTA to finish tells every peer we are done reading its slot for this

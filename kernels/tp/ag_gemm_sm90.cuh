@@ -49,6 +49,7 @@ struct AgSm90Hooks {
   bf16_t* y;
   uint64_t epoch, timeout_ns;
   int rank, tp, T, rows, m_local, N;
+  TraceBuf trace;
 
   // Producer thread, before the tile's first TMA load: its rows must have been
   // published (own shard) or pulled (peer shard) in this epoch. Those were
@@ -58,8 +59,10 @@ struct AgSm90Hooks {
     const int src = t.m / T, tr = t.m % T;
     const bool own = src == rank;
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
+    const TraceSpan wait;
     wait_ge<Scope::kGpu>(flag, epoch, timeout_ns,
                          {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
+    wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
     gemm::async_proxy_fence();
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
@@ -91,10 +94,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
+      const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      AgSm90Hooks hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N};
+      AgSm90Hooks hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N,
+                        a.trace};
       sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks>::run(pp.g, s, sched, hooks);
+      if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
   ag_cta_movers_move(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers);

@@ -18,6 +18,7 @@
 #include "kosmos/platform.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
+#include "kosmos/trace.h"
 #include "kosmos/types.h"
 #include "tp/heap_use.cuh"
 #include "tp/rs_layout.h"
@@ -48,6 +49,7 @@ struct RsParams {
   int reducers;
   size_t ctrl_off;  // this group's RS control block: rs_ctrl_offset(slot), same on every rank
   uint64_t timeout_ns;
+  TraceBuf trace;   // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
 };
 
 struct RsShared {
@@ -102,16 +104,22 @@ struct RsDeviceOps {
     if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[rs_flag_index(b, c)], epoch);
   }
   KOSMOS_DEVICE void wait_step_claimed(int src, int b) {
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+      const TraceSpan wait;
       wait_ge<Scope::kSys>(&ctrl_of(src)->step_claimed[b], epoch, p.timeout_ns, site("step_claimed", src * kRsMaxBands + b));
+      wait.close(p.trace, blockIdx.x, kTraceWait, b);
+    }
     __syncthreads();
   }
   // Band b of our chunk, staged at rank src: every thread's loads of it are
   // ordered after thread 0's acquire by the barrier.
   KOSMOS_DEVICE void wait_band(int src, int b) {
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+      const TraceSpan wait;
       wait_ge<Scope::kSys>(&ctrl_of(src)->pub[rs_flag_index(b, p.rank)], epoch, p.timeout_ns,
                            site("pub", src * kRsMaxBands + b));
+      wait.close(p.trace, blockIdx.x, kTraceWait, b);
+    }
     __syncthreads();
   }
   KOSMOS_DEVICE void build(const RsTile& t);
@@ -124,6 +132,7 @@ struct RsDeviceOps {
 template <typename T, class Shared>
 KOSMOS_DEVICE void RsDeviceOps<T, Shared>::build(const RsTile& t) {
   guard_data();  // also covers tp == 1, where the schedule never asks for peers
+  const TraceSpan span;
   const RsShape& s = p.shape;
   const int tr = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
   const int r0 = tr * portable::kBM;
@@ -131,8 +140,9 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::build(const RsTile& t) {
   const T* a = p.x + ((size_t)t.chunk * p.rows + r0) * p.K;
   portable::Acc acc;
   portable::tile_mma(a, rows, p.w, p.K, p.N, tn * portable::kBN, sm.tile, acc);
-  portable::tile_store(acc, stage(p.rank, rs_stage_slot(s, t.band, t.chunk, t.k)), portable::kBM, portable::kBN, 0,
-                       [](int r) { return r; });
+  const int slot = rs_stage_slot(s, t.band, t.chunk, t.k);
+  portable::tile_store(acc, stage(p.rank, slot), portable::kBM, portable::kBN, 0, [](int r) { return r; });
+  if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceBuild, slot);
 }
 
 // Sums the slice's tiles over ranks 0..tp-1 in that order (rs_reduce_fixed),
@@ -140,6 +150,7 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::build(const RsTile& t) {
 // wrote the staging during this launch. Rounded once into Y.
 template <typename T, class Shared>
 KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
+  const TraceSpan span;
   const RsShape& s = p.shape;
   for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
     const int slot = rs_stage_slot(s, sl.band, p.rank, k);
@@ -153,6 +164,7 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
     };
     rs_reduce_fixed(p.tp, (uint32_t)rs_tile_elems(bn), threadIdx.x, blockDim.x, src, dst);
   }
+  if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceReduce, rs_stage_slot(s, sl.band, p.rank, sl.k0));
 }
 
 // The last CTA to finish tells every peer we are done reading its staging for

@@ -102,16 +102,19 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   // waits on the previous launch's readers, never on this epoch.
   KOSMOS_DEVICE void build_all() {
     this->guard_data();
+    const TraceSpan span;
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
     RsSm90Hooks<StageT> hooks{this->ctrl, tile(a.rank, 0), this->epoch, a.shape, a.rows, a.tile_n};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
     sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT>>::run(pp.g, s, sched, hooks);
     __syncthreads();  // the engine's warp groups leave at different times
+    if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
   }
 
   KOSMOS_DEVICE void wait_build_claimed(int j) {
     if (threadIdx.x == 0) {
+      const TraceSpan wait;
       const uint64_t start = now_ns();
       while (!WorkQueue{&this->ctrl->build_next, 0}.claimed((uint32_t)j)) {
         if (now_ns() - start > this->p.timeout_ns) {
@@ -120,6 +123,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
           trap();
         }
       }
+      wait.close(this->p.trace, blockIdx.x, kTraceWait, j);
     }
     __syncthreads();
   }
@@ -136,6 +140,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   };
 
   KOSMOS_DEVICE void reduce(const RsSlice& sl) {
+    const TraceSpan span;
     const RsParams<bf16_t>& a = this->p;
     const RsShape& sh = a.shape;
     const int per_row = a.tile_n / kVec, groups = portable::kBM * per_row;
@@ -157,10 +162,12 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
         for (int u = 0; u < kGroups; ++u) {
           const int i = base + u * (int)blockDim.x;
           const int r = i / per_row, c = (i - r * per_row) * kVec;
-          if (i < groups && row0 + r < a.rows && col0 + c < a.N) store_rounded(a.y + (size_t)(row0 + r) * a.N + col0 + c, acc[u]);
+          if (i < groups && row0 + r < a.rows && col0 + c < a.N)
+            store_rounded(a.y + (size_t)(row0 + r) * a.N + col0 + c, acc[u]);
         }
       }
     }
+    if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceReduce, rs_stage_slot(sh, sl.band, a.rank, sl.k0));
   }
 
   // L2-only 16-byte loads (peers and other CTAs wrote the staging during this

@@ -62,4 +62,14 @@ KOSMOS_HD inline void trace_append(const TraceBuf& tb, int cta, uint8_t role, ui
 #endif
 }
 
+// A span thread 0 of a CTA opens where it starts something and closes with the
+// role it turned out to be (compiled out without KOSMOS_TRACE, like the rest).
+struct TraceSpan {
+  uint64_t start_ns;
+  KOSMOS_HD TraceSpan() : start_ns(trace_now()) {}
+  KOSMOS_HD void close(const TraceBuf& tb, int cta, uint8_t role, int32_t tile = -1) const {
+    trace_append(tb, cta, role, start_ns, trace_now(), tile);
+  }
+};
+
 }  // namespace kosmos

@@ -1,0 +1,68 @@
+"""Role timelines of the fused kernels (issue 6 deliverable 5, the paper's Figure 4):
+one traced call of AG+GEMM and one of GEMM+RS on every local GPU (TP = all of them),
+written as Chrome-trace JSON and PNG.
+
+Needs the extension built with tracing:
+  pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON
+Usage: python scripts/gpu_timelines.py [--out-dir benchmarks/results] [--m 8192 --k 8192 --n 7168]
+(ag_tn: M total rows, K, N per rank; tn_rs: the same M, K per rank = K, N = N)."""
+import argparse
+import os
+import pathlib
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from kosmos_jax import trace  # noqa: E402
+from kosmos_jax.ops._fused_tp import ag_tn_fused, tn_rs_fused  # noqa: E402
+
+
+def _problem(kernel, mesh, M, K, N):
+  tp = mesh.size
+  k1, k2 = jax.random.key(1), jax.random.key(2)
+  if kernel == "ag_tn":
+    x, w = jax.random.normal(k1, (M, K), jnp.bfloat16), jax.random.normal(k2, (K, N), jnp.bfloat16) * 0.02
+    xs, ws, ys, op = P("tp", None), P(), P("tp", None), ag_tn_fused
+  else:
+    x, w = jax.random.normal(k1, (M, tp * K), jnp.bfloat16), jax.random.normal(k2, (tp * K, N), jnp.bfloat16) * 0.02
+    xs, ws, ys, op = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
+  f = jax.jit(jax.shard_map(lambda a, b: op(a, b, axis_name="tp"), mesh=mesh, in_specs=(xs, ws), out_specs=ys))
+  return f, (jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)))
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out-dir", default="benchmarks/results")
+  ap.add_argument("--m", type=int, default=8192)
+  ap.add_argument("--k", type=int, default=8192)
+  ap.add_argument("--n", type=int, default=7168)
+  args = ap.parse_args()
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  mesh = jax.sharding.Mesh(np.array(gpus), ("tp",))
+  out = pathlib.Path(args.out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  for kernel in ("ag_tn", "tn_rs"):
+    f, ins = _problem(kernel, mesh, args.m, args.k, args.n)
+    for _ in range(3):
+      jax.block_until_ready(f(*ins))  # compiled and warm: capture one steady-state call
+    _, recs, dropped = trace.capture(f, *ins)
+    stem = out / f"timeline_{kernel}_tp{mesh.size}"
+    trace.write_chrome_trace(recs, f"{stem}.json")
+    trace.plot_timeline(recs, f"{stem}.png", title=f"{kernel} M={args.m} K={args.k} N={args.n}, TP {mesh.size}, "
+                        f"{gpus[0].device_kind}")
+    roles = {trace.ROLE_NAMES[r]: int((recs["role"] == r).sum()) for r in np.unique(recs["role"])}
+    print(f"{kernel}: {recs.size} records ({dropped} dropped), per role {roles} -> {stem}.png, {stem}.json")
+    if os.environ.get("OUT"):
+      for ext in ("png", "json"):
+        (pathlib.Path(os.environ["OUT"]) / f"{stem.name}.{ext}").write_bytes(pathlib.Path(f"{stem}.{ext}").read_bytes())
+
+
+if __name__ == "__main__":
+  main()
