@@ -70,7 +70,7 @@ static ffi::Error launch_sm90(const AgParams<bf16_t>& p, cudaStream_t stream, in
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
-                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers) {
+                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers, int64_t switching) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_ag_tn", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -104,6 +104,12 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
   int mv = movers < 0 ? default_movers(grid, (int)tp) : (int)(movers > grid ? grid : movers);
   if (sm90 && tp > 1 && mv < 1) mv = 1;  // Hopper builders never move (tp/ag_gemm_sm90.cuh)
+  if (!switching) {  // a fixed split keeps at least one builder (and, for Hopper builders, one mover)
+    if (grid < 2 && (sm90 && tp > 1))
+      return ffi::Error::InvalidArgument("kosmos_ag_tn: switching=False with Hopper builders needs at least 2 CTAs "
+                                         "(a mover and a builder); got a grid of " + std::to_string(grid));
+    if (mv > grid - 1) mv = grid - 1;
+  }
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     AgParams<T> p{};
@@ -114,7 +120,8 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
-    p.movers = mv; p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    p.movers = mv; p.switching = switching != 0;
+    p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
@@ -137,4 +144,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,
                                   .Attr<int64_t>("tp")                       // group size
                                   .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
-                                  .Attr<int64_t>("movers"));                 // -1 = default policy
+                                  .Attr<int64_t>("movers")                   // -1 = default policy
+                                  .Attr<int64_t>("switching"));              // 0: fixed split

@@ -88,7 +88,7 @@ static ffi::Error launch_sm90(const RsParams<bf16_t>& p, cudaStream_t stream, in
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers,
-                           int64_t stage_bf16) {
+                           int64_t stage_bf16, int64_t switching) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -116,7 +116,13 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
-  const int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
+  int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
+  if (!switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
+    if (grid < 2)
+      return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
+                                         "builder); got a grid of " + std::to_string(grid));
+    red = red < 1 ? 1 : red > grid - 1 ? grid - 1 : red;
+  }
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     RsParams<T> p{};
@@ -126,7 +132,8 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
     p.stage_bf16 = bf16_stage ? 1 : 0;
-    p.shape = shape; p.reducers = red; p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
+    p.shape = shape; p.reducers = red; p.switching = switching != 0;
+    p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
@@ -150,4 +157,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
                                   .Attr<int64_t>("reducers")                 // -1 = default policy
-                                  .Attr<int64_t>("stage_bf16"));             // 1: bf16 staging (Hopper builders)
+                                  .Attr<int64_t>("stage_bf16")               // 1: bf16 staging (Hopper builders)
+                                  .Attr<int64_t>("switching"));              // 0: fixed split

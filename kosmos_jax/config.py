@@ -33,15 +33,21 @@ class AgConfig:
   movers: CTAs that start as movers; None = ag_movers(n); 0 = all builders
     (portable builders then move the rows they need themselves; Hopper builders
     never move, so there at least one CTA starts as a mover).
+  switching: True (default): a mover whose queue is empty builds (paper §3.1).
+    False: a fixed split, to measure what switching buys; movers stop when their
+    queue is empty and at least one CTA stays a builder.
   """
   cu_cap: int | None = None
   movers: int | None = None
+  switching: bool = True
 
   def __post_init__(self):
     if self.cu_cap is not None and (not isinstance(self.cu_cap, int) or self.cu_cap < 1):
       raise ValueError(f"AgConfig: cu_cap={self.cu_cap!r} must be a positive int or None")
     if self.movers is not None and (not isinstance(self.movers, int) or self.movers < 0):
       raise ValueError(f"AgConfig: movers={self.movers!r} must be a non-negative int or None")
+    if not isinstance(self.switching, bool):
+      raise ValueError(f"AgConfig: switching={self.switching!r} must be a bool")
 
 
 # Work per byte moved at or below which the larger crew wins (table above).
@@ -71,10 +77,13 @@ class RsConfig:
     bytes; each partial rounded once, as XLA's bf16 dot is before its
     psum_scatter) or "fp32" (exact partials). The sum is fp32 in rank order either
     way. Portable builders (non-Hopper GPUs, other dtypes) always stage fp32.
+  switching: True (default): a builder whose GEMM queue is empty reduces. False:
+    a fixed split (builders stop; needs reducers >= 1 and a grid of >= 2 CTAs).
   """
   cu_cap: int | None = None
   reducers: int | None = None
   stage: str = "bf16"
+  switching: bool = True
 
   def __post_init__(self):
     for name, v, lo in (("cu_cap", self.cu_cap, 1), ("reducers", self.reducers, 0)):
@@ -82,6 +91,11 @@ class RsConfig:
         raise ValueError(f"RsConfig: {name}={v!r} must be an int >= {lo} or None")
     if self.stage not in STAGES:
       raise ValueError(f"RsConfig: stage={self.stage!r} must be one of {STAGES}")
+    if not isinstance(self.switching, bool):
+      raise ValueError(f"RsConfig: switching={self.switching!r} must be a bool")
+    if not self.switching and self.reducers == 0:
+      raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
+                       "give reducers >= 1 (or None for the default)")
 
 
 def heap_mb_from_env() -> int:

@@ -30,6 +30,7 @@ struct AgParams {
   int K, N;
   AgShape shape;
   int movers;
+  int switching;  // 0: movers stop when their queue is empty (fixed split; movers <= grid - 1)
   size_t ctrl_off;    // this group's control block: ag_ctrl_offset(slot), same on every rank
   size_t slot_bytes;  // bytes per rank slot in the gather region
   uint64_t timeout_ns;
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(portable::kThreads, 1) ag_tn_kernel(const AgPa
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   AgDeviceOps<T> ops{p, sm, ctrl, epoch, false};
-  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers);
+  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
 }
 
 }  // namespace kosmos

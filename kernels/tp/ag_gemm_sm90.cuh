@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
-  ag_cta_movers_move(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers);
+  ag_cta_movers_move(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);
 }
 
 }  // namespace kosmos

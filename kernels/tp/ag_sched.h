@@ -81,12 +81,19 @@ KOSMOS_HD void ag_await_or_move(Ops& ops, const AgShape& s, int q) {
 
 // One CTA's life. `Ops` supplies the CTA-uniform primitives (claims broadcast to
 // every thread, waits by one thread then a barrier, the copy and the tile GEMM).
+// switching == false (a fixed split, to measure what switching buys): a mover
+// whose queue is empty stops instead of building; the launcher then keeps at
+// least one builder (movers <= grid - 1).
 template <class Ops>
-KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers) {
+KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
   const int n_move = ag_n_move(s), n_build = ag_n_build(s);
   Role role = initial_role(cta, grid, movers);
   if (role == Role::kMover) {
     for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+    if (!switching) {
+      ops.finish(grid);
+      return;
+    }
     role = one_way_after_empty(role);
   }
   for (int j = ops.claim_build(); j < n_build; j = ops.claim_build()) {
@@ -105,13 +112,15 @@ KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers)
 // the move queue, then build; builders claim tiles (ops.build_all) and wait for
 // each tile's rows (local: published, peer: arrived). With at least one mover per
 // rank (tp > 1) every move is claimed by a CTA that waits only on peer publishes,
-// which movers claim first: every builder wait is on claimed work.
+// which movers claim first: every builder wait is on claimed work. switching ==
+// false: movers stop when their queue is empty (needs 1 <= movers <= grid - 1).
 template <class Ops>
-KOSMOS_HD void ag_cta_movers_move(Ops& ops, const AgShape& s, int cta, int grid, int movers) {
+KOSMOS_HD void ag_cta_movers_move(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
   const int n_move = ag_n_move(s);
-  if (initial_role(cta, grid, movers) == Role::kMover)
+  const bool mover = initial_role(cta, grid, movers) == Role::kMover;
+  if (mover)
     for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
-  ops.build_all();
+  if (!mover || switching) ops.build_all();
   ops.finish(grid);
 }
 

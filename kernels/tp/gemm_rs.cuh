@@ -47,6 +47,7 @@ struct RsParams {
   int stage_bf16;  // 1: bf16 staging (Hopper builders only), 0: fp32
   RsShape shape;
   int reducers;
+  int switching;  // 0: builders stop when the GEMM queue is empty (fixed split; 1 <= reducers <= grid - 1)
   size_t ctrl_off;  // this group's RS control block: rs_ctrl_offset(slot), same on every rank
   uint64_t timeout_ns;
   TraceBuf trace;   // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(portable::kThreads, 1) tn_rs_kernel(const RsPa
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsDeviceOps<T> ops{p, sm, ctrl, epoch, false};
-  rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers);
+  rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers, p.switching != 0);
 }
 
 }  // namespace kosmos

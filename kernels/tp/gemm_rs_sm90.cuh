@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsSm90Ops<Cfg, StageT> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
-  rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers);
+  rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 
 }  // namespace kosmos

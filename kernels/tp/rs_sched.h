@@ -137,9 +137,11 @@ KOSMOS_HD void rs_reduce(Ops& ops, const RsShape& s, int q, bool& staging_free) 
 // One CTA's life. `Ops` supplies CTA-uniform primitives: claims broadcast to every
 // thread, waits by one thread then a barrier, the tile GEMM and the reduction.
 // No drain is needed at the end: whoever claims the last reduce slice first makes
-// sure the last step, hence every GEMM tile, is claimed.
+// sure the last step, hence every GEMM tile, is claimed. switching == false (a
+// fixed split): a builder whose queue is empty stops instead of reducing; the
+// launcher then keeps at least one reducer and one builder.
 template <class Ops>
-KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers) {
+KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers, bool switching = true) {
   const int n_build = rs_n_build(s), n_reduce = rs_n_reduce(s);
   bool staging_free = false;
   Role role = rs_initial_role(cta, grid, reducers);
@@ -147,7 +149,8 @@ KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducer
     if (role == Role::kBuilder) {
       const int j = ops.claim_build();
       if (j < n_build) rs_build(ops, s, j, staging_free);
-      else role = rs_after_build_empty(role);
+      else if (switching) role = rs_after_build_empty(role);
+      else break;
       continue;
     }
     const int q = ops.claim_reduce();
@@ -163,9 +166,18 @@ KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducer
 // and publishing completed bands) then reduce, one way. Reducers wait until this
 // rank has claimed the step (builders never wait on current-epoch work, and at
 // least one CTA starts as a builder: rs_initial_role), then on every rank's band.
+// switching == false: builders stop when the GEMM queue is empty (needs
+// 1 <= reducers <= grid - 1).
 template <class Ops>
-KOSMOS_HD void rs_cta_builders_build(Ops& ops, const RsShape& s, int cta, int grid, int reducers) {
-  if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) ops.build_all();
+KOSMOS_HD void rs_cta_builders_build(Ops& ops, const RsShape& s, int cta, int grid, int reducers,
+                                     bool switching = true) {
+  if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) {
+    ops.build_all();
+    if (!switching) {
+      ops.finish(grid);
+      return;
+    }
+  }
   const int n_reduce = rs_n_reduce(s);
   for (int q = ops.claim_reduce(); q < n_reduce; q = ops.claim_reduce()) {
     const RsSlice sl = rs_reduce_item(s, q);

@@ -21,7 +21,7 @@ from kosmos_jax.ops._dispatch import register_fused
 ag_tn_p = Primitive("kosmos_ag_tn")
 
 
-def _ag_tn_abstract(x, w, *, axis_name, tp, cu_cap, movers):
+def _ag_tn_abstract(x, w, *, axis_name, tp, cu_cap, movers, switching):
   # Same dtype and manual-axes typing as x (the gathered rows vary like x does).
   return x.update(shape=(*x.shape[:-2], x.shape[-2] * tp, w.shape[1]))
 
@@ -45,32 +45,33 @@ def _lower_group_op(op, ctx, x, w, *, axis_name, tp, cu_cap, **attrs):
       slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
 
 
-def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers):
+def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers, switching):
   return _lower_group_op("ag_tn", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         movers=np.int64(-1 if movers is None else movers))
+                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
 
 
 ag_tn_p.def_abstract_eval(_ag_tn_abstract)
 mlir.register_lowering(ag_tn_p, _ag_tn_lowering, platform="cuda")
 
 
-def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None):
+def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True):
   """allgather_rows(x) @ w in one persistent kernel.
 
   bf16 on an H100/H200 (compute capability 9.0) builds tiles with the Hopper
   engine (kernels/tp/ag_gemm_sm90.cuh); there builders never move, so with peers
   at least one CTA starts as a mover (`movers=0` runs as 1). Other dtypes and
   GPUs, and KOSMOS_FUSED_BUILDERS=portable, use portable builders
-  (kernels/tp/ag_gemm.cuh). `builder_runs()` counts which ran."""
+  (kernels/tp/ag_gemm.cuh). `builder_runs()` counts which ran. `switching=False`
+  turns the one-way mover -> builder switch off (a fixed split, benchmarks)."""
   if not _ext.has_target("kosmos_ag_tn", "cuda"):
     raise NotImplementedError("kosmos_ag_tn is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers)
+  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching)
   runtime.init()  # trace time: heaps exist before any kernel runs
   mv = _config.ag_movers(int(w.shape[-1])) if cfg.movers is None else cfg.movers
   tp = int(_compat.axis_size(axis_name))
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
-  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=mv)
+  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=mv, switching=cfg.switching)
 
 
 def builder_runs() -> dict[str, dict[str, int]]:
@@ -92,15 +93,15 @@ register_fused("ag_tn", ag_tn_fused)
 tn_rs_p = Primitive("kosmos_tn_rs")
 
 
-def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers, stage):
+def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers, stage, switching):
   # The kernel is 2-D: x [tp*rows, k] -> y [rows, n]; same manual-axes typing as x.
   return x.update(shape=(x.shape[0] // tp, w.shape[1]))
 
 
-def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage):
+def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage, switching):
   return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          reducers=np.int64(-1 if reducers is None else reducers),
-                         stage_bf16=np.int64(stage == "bf16"))
+                         stage_bf16=np.int64(stage == "bf16"), switching=np.int64(switching))
 
 
 tn_rs_p.def_abstract_eval(_tn_rs_abstract)
@@ -121,7 +122,7 @@ def _rank_major(x, tp):
   return x.reshape(b, tp, m // tp, k).transpose(1, 0, 2, 3).reshape(m * b, k)
 
 
-def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None):
+def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, switching=True):
   """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
   summed over the group in fp32 in rank order and rounded once (bitwise reproducible).
 
@@ -130,12 +131,13 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None):
   wait for builders instead of building; otherwise, and with
   KOSMOS_FUSED_BUILDERS=portable, portable builders (kernels/tp/gemm_rs.cuh).
   `builder_runs()` counts which ran. `stage` ("bf16" default for bf16 inputs, or
-  "fp32"): the partial tiles' dtype, see kosmos_jax.config.RsConfig."""
+  "fp32"): the partial tiles' dtype, see kosmos_jax.config.RsConfig. `switching=False`
+  turns the one-way builder -> reducer switch off (a fixed split, benchmarks)."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
   if stage is None:
     stage = "bf16" if x.dtype == jnp.bfloat16 else "fp32"
-  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage)
+  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage, switching=switching)
   if cfg.stage == "bf16" and x.dtype != jnp.bfloat16:
     raise ValueError(f"tn_rs_fused: stage='bf16' needs bf16 inputs, got x.dtype={x.dtype}")
   runtime.init()  # trace time: heaps exist before any kernel runs
@@ -147,7 +149,7 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None):
     raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
   red = _config.rs_reducers(int(w.shape[0])) if cfg.reducers is None else cfg.reducers
   y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, reducers=red,
-                   stage=cfg.stage)
+                   stage=cfg.stage, switching=cfg.switching)
   return y.reshape(*lead, m // tp, w.shape[1])
 
 

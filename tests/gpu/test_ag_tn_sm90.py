@@ -60,8 +60,10 @@ def test_sm90_matches_twin_and_oracle(b, m, k, n):
 
 
 @pytest.mark.parametrize("kw", [dict(cu_cap=1), dict(cu_cap=7), dict(movers=0), dict(cu_cap=5, movers=5),
-                                dict(movers=32)],
-                         ids=["grid1", "cap7", "movers0-runs-as-1", "all-movers", "movers32"])
+                                dict(movers=32), dict(movers=4, switching=False),
+                                dict(cu_cap=2, movers=2, switching=False)],
+                         ids=["grid1", "cap7", "movers0-runs-as-1", "all-movers", "movers32", "fixed-split",
+                              "fixed-split-grid2"])
 def test_sm90_grids(kw):
   mesh = gpu_mesh(2, hopper=True)
   _check(mesh, fresh((1, 1536, 384), BF16), fresh((384, 768), BF16, scale=0.05), **kw)

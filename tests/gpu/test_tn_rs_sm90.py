@@ -73,7 +73,8 @@ def test_sm90_bitwise_across_grids_and_runs(stage):
   x, w = fresh((1024, 768), BF16), fresh((768, 512), BF16, scale=0.04)
   outs = {}
   for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(reducers=0), dict(cu_cap=5, reducers=5),
-             dict(reducers=40), dict()):
+             dict(reducers=40), dict(reducers=3, switching=False), dict(cu_cap=2, reducers=1, switching=False),
+             dict()):
     outs[str(kw)] = np.asarray(_check(mesh, x, w, stage=stage, **kw)).view(np.uint16)
   first = next(iter(outs.values()))
   for k, v in outs.items():

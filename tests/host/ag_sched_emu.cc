@@ -41,6 +41,7 @@ struct Case {
   int tp, W, movers, T, NT, epochs, max_delay_us;
   int group = 1;               // AgShape::group: build-order swizzle
   bool movers_move = false;    // ag_cta_movers_move (Hopper builders) instead of ag_cta
+  bool switching = true;       // false: movers stop when their queue is empty (fixed split)
 };
 
 struct HostOps {
@@ -134,9 +135,9 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
       ctas.emplace_back([&, cta] {
         HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s};
         if (c.movers_move)
-          ag_cta_movers_move(ops, s, cta, c.W, c.movers);
+          ag_cta_movers_move(ops, s, cta, c.W, c.movers, c.switching);
         else
-          ag_cta(ops, s, cta, c.W, c.movers);
+          ag_cta(ops, s, cta, c.W, c.movers, c.switching);
       });
     for (auto& t : ctas) t.join();
     for (int i = 0; i < ag_n_move(s); ++i)
@@ -166,6 +167,10 @@ int main() {
       for (int movers : {1, W})
         cases.push_back({tp, W, tp > 1 ? movers : 0, 3, 5, 3, 20, 2, true});
   cases.push_back({8, 9, 1, 4, 3, 3, 5, 3, true});
+  // Fixed splits (switching off): 1 <= movers <= W - 1, both CTA lives.
+  for (int tp : {2, 3})
+    for (bool hopper : {false, true})
+      for (int movers : {1, 2}) cases.push_back({tp, 3, movers, 3, 4, 3, 20, 2, hopper, false});
   cases.push_back({8, 8, 2, 4, 3, 3, 5});   // wider group
   cases.push_back({2, 1, 0, 6, 4, 6, 0});   // one CTA, no delays: tight interleavings
   unsigned seed = 1;

@@ -65,6 +65,7 @@ uint64_t stage_tag(uint64_t e, int src, int slot) { return (e << 40) | ((uint64_
 struct Case {
   int tp, W, grid, reducers, T, NT, R, slice, epochs, max_delay_us;
   bool builders_build = false;  // rs_cta_builders_build (Hopper builders); needs W == grid
+  bool switching = true;        // false: builders stop when the GEMM queue is empty (fixed split)
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -244,9 +245,9 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
           const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + 977u * (unsigned)w + (unsigned)cta;
           HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s};
           if (c.builders_build)
-            rs_cta_builders_build(ops, s, cta, c.grid, c.reducers);
+            rs_cta_builders_build(ops, s, cta, c.grid, c.reducers, c.switching);
           else
-            rs_cta(ops, s, cta, c.grid, c.reducers);
+            rs_cta(ops, s, cta, c.grid, c.reducers, c.switching);
         }
       });
     for (auto& t : slots) t.join();
@@ -300,6 +301,14 @@ std::vector<Case> make_cases() {
         cases.push_back({tp, W, W, red > W ? W : red, d.T, d.NT, d.R, d.slice, 3, 20, true});
       }
   cases.push_back({8, 4, 4, 2, 5, 3, 1, 1, 3, 5, true});
+  // Fixed splits (switching off): 1 <= reducers <= grid - 1, both CTA lives.
+  for (int tp : {2, 3})
+    for (bool hopper : {false, true})
+      for (int red : {1, 2}) {
+        const Dims d = dims[n++ % 4];
+        cases.push_back({tp, 3, 3, red, d.T, d.NT, d.R, d.slice, 3, 20, hopper, false});
+      }
+  cases.push_back({2, 2, 4, 1, 5, 2, 2, 3, 3, 20, false, false});  // 2 resident of 4, portable
   return cases;
 }
 

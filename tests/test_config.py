@@ -1,0 +1,37 @@
+"""Fused-kernel knobs (kosmos_jax.config): validation that names the values, and the
+closed-form crew rules (their measurements are in the module docstring)."""
+import pytest
+
+from kosmos_jax import config
+
+
+def test_crew_rules_follow_the_measured_table():
+  assert config.ag_movers(3072) == config.CREW_THIN and config.ag_movers(7168) == config.CREW_DEFAULT
+  assert config.rs_reducers(512) == config.CREW_THIN and config.rs_reducers(3584) == config.CREW_DEFAULT
+  assert config.ag_movers(config.THIN_WORK_PER_BYTE) == config.CREW_THIN  # the boundary is inclusive
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(cu_cap=0), "cu_cap=0"),
+    (dict(movers=-1), "movers=-1"),
+    (dict(switching=1), "switching=1"),
+])
+def test_ag_config_rejects(kw, match):
+  with pytest.raises(ValueError, match=match):
+    config.AgConfig(**kw)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(reducers=-2), "reducers=-2"),
+    (dict(cu_cap=True), "cu_cap=True"),
+    (dict(stage="fp16"), "stage='fp16'"),
+    (dict(switching=False, reducers=0), "nobody to reduce"),
+])
+def test_rs_config_rejects(kw, match):
+  with pytest.raises(ValueError, match=match):
+    config.RsConfig(**kw)
+
+
+def test_defaults_are_valid():
+  assert config.RsConfig().stage == "bf16" and config.RsConfig().switching
+  assert config.AgConfig(movers=0, switching=False).movers == 0
