@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import hashlib
 import json
 import pathlib
 import statistics
@@ -107,13 +108,28 @@ def bar_plot(names: Sequence[str], series: dict[str, Sequence[float]], path: pat
   plt.close(fig)
 
 
+def source_digest() -> str:
+  """sha1 (12 hex) over the code that runs: every file under csrc/, kernels/ and
+  kosmos_jax/ (paths and contents, sorted). Identifies the code even where the
+  checkout's .git is stale or missing (a copied tree); compare it with the same
+  digest of a commit to find which one ran."""
+  root = HERE.parent
+  h = hashlib.sha1()
+  for sub in ("csrc", "kernels", "kosmos_jax"):
+    for p in sorted((root / sub).rglob("*")):
+      if p.is_file() and p.suffix in (".py", ".h", ".cuh", ".cu", ".cc"):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+  return h.hexdigest()[:12]
+
+
 def environment() -> dict:
-  """Date, device, commit and command: the header of every RESULTS.md entry."""
+  """Date, device, commit, source digest and command: the header of every RESULTS.md entry."""
   try:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE, check=True).stdout.strip()
   except Exception:  # not a git checkout (e.g. a copied tree)
     commit = "unknown"
+  commit += f" (source digest {source_digest()})"
   dev = jax.devices()[0]
   return {"date": datetime.date.today().isoformat(), "device": f"{len(jax.devices())} x {dev.device_kind}",
           "commit": commit, "command": " ".join(["python"] + sys.argv), "jax": jax.__version__}
