@@ -44,13 +44,6 @@ std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
   return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
 }
 
-// The Hopper builders take this launch: bf16, an sm_90 device, and the
-// 16-byte alignment TMA needs (leading dimensions K and N, base pointers).
-static bool use_sm90(int ordinal, int dt, int64_t K, int64_t N, const void* x, const void* w, const void* y) {
-  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  return dt == 2 && !force_portable_builders() && ag_tn_sm90_ready(ordinal) && K % 8 == 0 && N % 8 == 0 &&
-         aligned(x) && aligned(w) && aligned(y);
-}
 
 }  // namespace kosmos
 
@@ -60,13 +53,6 @@ using namespace kosmos;
 // in L2 across a wave (as gemm/sm90/gemm_kernel.cuh's kSwizzleGroup).
 constexpr int kAgSwizzle = 8;
 
-// The Hopper-builder launch, counted only when it was accepted.
-static ffi::Error launch_sm90(const AgParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
-  if (auto err = launch_prologue("kosmos_ag_tn", stream, p.y, y_bytes); err.failure()) return err;
-  ffi::Error err = launch_result("kosmos_ag_tn", ag_tn_sm90_launch(p, grid, stream), grid, ordinal);
-  if (err.success()) g_runs[0]++;
-  return err;
-}
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -84,7 +70,8 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   const size_t es = ffi::ByteWidth(x.element_type());
   const int dt = dtype_index(x.element_type());
   if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
-  const bool sm90 = use_sm90(ordinal, dt, K, N, x.untyped_data(), w.untyped_data(), y->untyped_data());
+  const bool sm90 = hopper_builders_apply(dt, ag_tn_sm90_ready(ordinal), K, N, x.untyped_data(), w.untyped_data(),
+                                          y->untyped_data());
   const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
   // The Hopper builders read every shard as whole 128-row tiles of one matrix.
   const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
@@ -124,7 +111,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
+      if (sm90)
+        return launch_counted("kosmos_ag_tn", stream, p.y, y->size_bytes(), grid, ordinal, &g_runs[0],
+                              [&] { return ag_tn_sm90_launch(p, grid, stream); });
     }
     ffi::Error err = launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
     if (err.success()) g_runs[1]++;

@@ -135,6 +135,13 @@ xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, in
                        grid, ordinal);
 }
 
+bool hopper_builders_apply(int dtype, bool ready, int64_t K, int64_t N, const void* x, const void* w,
+                           const void* y) {
+  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  return dtype == 2 && ready && !force_portable_builders() && K % 8 == 0 && N % 8 == 0 && aligned(x) &&
+         aligned(w) && aligned(y);
+}
+
 bool force_portable_builders() {
   static const bool on = [] {
     const char* s = std::getenv("KOSMOS_FUSED_BUILDERS");

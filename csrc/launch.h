@@ -3,6 +3,7 @@
 // shared-memory padding, occupancy check), the launch itself (poison, errors),
 // and the environment knobs every fused op reads.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -50,13 +51,6 @@ std::string prepare_all(PersistentKernels* k, int ordinal);
 // 0 for f32, 1 for f16, 2 for bf16, -1 otherwise.
 int dtype_index(xla::ffi::DataType t);
 
-// The two halves every fused launch shares. launch_prologue: no pending CUDA
-// error, then (KOSMOS_POISON_OUTPUT) y filled with NaN bytes. launch_result: the
-// error a launch returned (a cudaError_t as int) or left pending, as an FFI error
-// naming the op, grid and device.
-xla::ffi::Error launch_prologue(const char* op, CUstream_st* stream, void* y, size_t y_bytes);
-xla::ffi::Error launch_result(const char* op, int launch_err, int grid, int ordinal);
-
 // Launches k.fn[dtype] with grid x kThreads threads and `params` as its one
 // argument on `stream`; with KOSMOS_POISON_OUTPUT set, fills y with NaN bytes
 // first, so an element the kernel forgets to write shows up as NaN.
@@ -67,9 +61,33 @@ xla::ffi::Error launch_persistent(const char* op, const PersistentKernels& k, in
 // launch, so an element a kernel forgets to write shows up as NaN.
 bool poison_output();
 
+// The two halves every fused launch shares. launch_prologue: no pending CUDA
+// error, then (KOSMOS_POISON_OUTPUT) y filled with NaN bytes. launch_result: the
+// error a launch returned (a cudaError_t as int) or left pending, as an FFI error
+// naming the op, grid and device.
+xla::ffi::Error launch_prologue(const char* op, CUstream_st* stream, void* y, size_t y_bytes);
+xla::ffi::Error launch_result(const char* op, int launch_err, int grid, int ordinal);
+
 // KOSMOS_FUSED_BUILDERS=portable: fused kernels use their portable builders even
 // where the Hopper ones could run (comparisons, debugging).
 bool force_portable_builders();
+
+// Whether a fused launch may use its Hopper builders: bf16 (dtype_index 2), the
+// op's sm_90 kernel `ready` on this device, not forced portable, and what TMA
+// needs (leading dimensions K and N multiples of 8 elements, 16-byte bases).
+bool hopper_builders_apply(int dtype, bool ready, int64_t K, int64_t N, const void* x, const void* w,
+                           const void* y);
+
+// launch_prologue, then `launch()` (a launch returning cudaError_t), then
+// launch_result; counts the launch in *runs only when it was accepted.
+template <class Launch>
+xla::ffi::Error launch_counted(const char* op, CUstream_st* stream, void* y, size_t y_bytes, int grid, int ordinal,
+                               std::atomic<long long>* runs, Launch&& launch) {
+  if (auto err = launch_prologue(op, stream, y, y_bytes); err.failure()) return err;
+  xla::ffi::Error err = launch_result(op, (int)launch(), grid, ordinal);
+  if (err.success()) ++*runs;
+  return err;
+}
 
 // KOSMOS_TIMEOUT_MS (default 10 s) as nanoseconds: every spin's bound.
 uint64_t timeout_ns();

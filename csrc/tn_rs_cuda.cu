@@ -42,15 +42,6 @@ std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() {
   return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
 }
 
-// The Hopper builders take this launch: bf16, an sm_90 device, TMA's 16-byte
-// alignment (K, N, bases), and chunks of whole 128-row tiles (a TMA tile of x
-// never straddles two ranks' chunks).
-static bool use_sm90(int ordinal, int dt, int64_t rows, int64_t K, int64_t N, const void* x, const void* w,
-                     const void* y) {
-  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  return dt == 2 && !force_portable_builders() && tn_rs_sm90_ready(ordinal) && rows % portable::kBM == 0 &&
-         K % 8 == 0 && N % 8 == 0 && aligned(x) && aligned(w) && aligned(y);
-}
 
 // Band height: one tile row per band (the finest pipelining) unless the chunk
 // has more tile rows than the control block has band flags. Reduce items are
@@ -77,13 +68,6 @@ static std::string heap_check(const RsShape& s, int tile_n, int elem, int64_t ro
 
 using namespace kosmos;
 
-// The Hopper-builder launch, counted only when it was accepted.
-static ffi::Error launch_sm90(const RsParams<bf16_t>& p, cudaStream_t stream, int ordinal, int grid, size_t y_bytes) {
-  if (auto err = launch_prologue("kosmos_tn_rs", stream, p.y, y_bytes); err.failure()) return err;
-  ffi::Error err = launch_result("kosmos_tn_rs", tn_rs_sm90_launch(p, grid, stream), grid, ordinal);
-  if (err.success()) g_runs[0]++;
-  return err;
-}
 
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -106,7 +90,11 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   const int dt = dtype_index(x.element_type());
   if (dt < 0) return ffi::Error::InvalidArgument("kosmos_tn_rs: dtype must be f32, f16 or bf16");
   if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
-  const bool sm90 = use_sm90(ordinal, dt, rows, K, N, x.untyped_data(), w.untyped_data(), y->untyped_data());
+  // Hopper builders also need chunks of whole 128-row tiles: a TMA tile of x
+  // never straddles two ranks' chunks.
+  const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
+                                                                       x.untyped_data(), w.untyped_data(),
+                                                                       y->untyped_data());
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
   // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
   if (stage_bf16 && dt != 2)
@@ -136,7 +124,9 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank);
     if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90) return launch_sm90(p, stream, ordinal, grid, y->size_bytes());
+      if (sm90)
+        return launch_counted("kosmos_tn_rs", stream, p.y, y->size_bytes(), grid, ordinal, &g_runs[0],
+                              [&] { return tn_rs_sm90_launch(p, grid, stream); });
     }
     ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
     if (err.success()) g_runs[1]++;

@@ -93,10 +93,7 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
 // writer's readers are done (tp/heap_use.cuh).
 template <typename T, class Shared>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared>::guard_data() {
-  if (peers_done) return;
-  if (threadIdx.x == 0) heap_use_wait(p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
-  __syncthreads();
-  peers_done = true;
+  heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
 }
 
 template <typename T, class Shared>
@@ -148,13 +145,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
 // epoch, resets the queues and advances the epoch: no host work between launches.
 template <typename T, class Shared>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared>::finish(int grid) {
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
-  for (int r = 0; r < p.tp; ++r)
-    if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
-  if (p.tp > 1)  // only then was the data region written (and read by peers)
-    heap_use_record(p.heap[p.rank], p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
+  if (!last_cta_done(&ctrl->finished, grid)) return;
+  release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->finished = 0;

@@ -69,8 +69,11 @@ struct RsDeviceOps {
   bool data_free;  // this CTA has seen the data region's last readers finish
 
   KOSMOS_DEVICE RsCtrl* ctrl_of(int r) const { return reinterpret_cast<RsCtrl*>(p.heap[r] + p.ctrl_off); }
-  KOSMOS_DEVICE float* stage(int r, int slot) const {
-    return reinterpret_cast<float*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(p.tile_n);
+  // Rank r's staged tile `slot` (rs_stage_slot): kBM x tile_n elements of E
+  // (fp32, or bf16 for Hopper builders staging bf16).
+  template <class E = float>
+  KOSMOS_DEVICE E* stage(int r, int slot) const {
+    return reinterpret_cast<E*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(p.tile_n);
   }
   KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"tn_rs", p.rank, (int)blockIdx.x, flag, i}; }
   KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
@@ -88,12 +91,7 @@ struct RsDeviceOps {
   // The schedule asks for each peer; HeapUse answers for all of them (and for a
   // previous launch of another op) at once.
   KOSMOS_DEVICE void wait_peer_done(int) { guard_data(); }
-  KOSMOS_DEVICE void guard_data() {
-    if (data_free) return;
-    if (threadIdx.x == 0) heap_use_wait(p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
-    __syncthreads();
-    data_free = true;
-  }
+  KOSMOS_DEVICE void guard_data() { heap_use_guard(data_free, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0)); }
   // The barrier puts every thread's staging stores before thread 0's acq_rel add,
   // so the CTA that completes the band has acquired the whole band.
   KOSMOS_DEVICE uint32_t band_add(int b, int c) {
@@ -173,13 +171,8 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
 // local counters and advances the epoch: no host work between launches.
 template <typename T, class Shared>
 KOSMOS_DEVICE void RsDeviceOps<T, Shared>::finish(int grid) {
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  if (add_acq_rel_gpu_u32(&ctrl->finished, 1) != (uint32_t)grid - 1) return;
-  for (int r = 0; r < p.tp; ++r)
-    if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->done[p.rank], epoch);
-  if (p.tp > 1)  // peers read our staging only then
-    heap_use_record(p.heap[p.rank], p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
+  if (!last_cta_done(&ctrl->finished, grid)) return;
+  release_peers(p.heap, p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
   const int bands = rs_bands(p.shape);
   for (int b = 0; b < bands; ++b)
     for (int c = 0; c < p.tp; ++c) ctrl->band_count[rs_flag_index(b, c)] = 0;

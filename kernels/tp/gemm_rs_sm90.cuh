@@ -93,10 +93,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
 
-  // Rank r's staged tile `slot` (rs_stage_slot), kBM x tile_n of StageT.
-  KOSMOS_DEVICE StageT* tile(int r, int slot) const {
-    return reinterpret_cast<StageT*>(this->p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(this->p.tile_n);
-  }
+  KOSMOS_DEVICE StageT* tile(int r, int slot) const { return this->template stage<StageT>(r, slot); }
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.

@@ -30,6 +30,15 @@ KOSMOS_DEVICE void heap_use_wait(char* heap, uint64_t timeout_ns, WaitSite site)
   }
 }
 
+// CTA-wide, once per CTA (`seen` remembers it): no thread of the CTA writes the
+// data region before the last writer's readers are done.
+KOSMOS_DEVICE void heap_use_guard(bool& seen, char* heap, uint64_t timeout_ns, const WaitSite& site) {
+  if (seen) return;
+  if (threadIdx.x == 0) heap_use_wait(heap, timeout_ns, site);
+  __syncthreads();
+  seen = true;
+}
+
 // Thread 0 of the last CTA, after its reads of peers are done: this launch wrote
 // the region in `epoch`; its readers (the group's other ranks) release
 // done[r] at heap + done_off.
@@ -39,6 +48,24 @@ KOSMOS_DEVICE void heap_use_record(char* heap, size_t done_off, uint64_t epoch, 
   use->epoch = epoch;
   use->tp = (uint32_t)tp;
   use->rank = (uint32_t)rank;
+}
+
+// CTA-wide at the end of a CTA's life: true in thread 0 of the launch's last CTA
+// only. The barrier orders the CTA's work before thread 0's acq_rel count, so
+// the last CTA has acquired every CTA's work.
+KOSMOS_DEVICE bool last_cta_done(uint32_t* finished, int grid) {
+  __syncthreads();
+  return threadIdx.x == 0 && add_acq_rel_gpu_u32(finished, 1) == (uint32_t)grid - 1;
+}
+
+// The last CTA of a launch in `epoch`: tells every peer this rank is done reading
+// its data region (uint64 done[rank] at heap[r] + done_off, the same offset on
+// every rank) and, when there are peers, records this launch as the writer of
+// our region whose readers release done[] at done_off.
+KOSMOS_DEVICE void release_peers(char* const* heap, size_t done_off, uint64_t epoch, int tp, int rank) {
+  for (int r = 0; r < tp; ++r)
+    if (r != rank) store_release<Scope::kSys>(reinterpret_cast<uint64_t*>(heap[r] + done_off) + rank, epoch);
+  if (tp > 1) heap_use_record(heap[rank], done_off, epoch, tp, rank);
 }
 #endif
 
