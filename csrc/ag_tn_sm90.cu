@@ -16,7 +16,8 @@ int ag_tn_sm90_tile_n() { return AgCfg::kBN; }
 
 std::string ag_tn_sm90_prepare(int ordinal) {
   return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<AgCfg>), AgCfg::kThreads,
-                      (int)sm90::SharedStorage<AgCfg>::kLaunchBytes, ordinal, g_state);
+                      (int)sm90::SharedStorage<AgCfg>::kLaunchBytes, ordinal, g_state, set_timeout_mailbox,
+                      TimeoutUnit::kAgTnSm90);
 }
 
 bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }

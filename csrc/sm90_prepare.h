@@ -2,11 +2,15 @@
 // (csrc/*_sm90.cu): raise the kernel's shared-memory limit and check that one
 // CTA per SM fits. A device that is not compute capability 9.0 is not an error:
 // it is recorded as not ready and the handler runs the portable builders.
+// `set_mailbox` is the kernel's translation unit's set_timeout_mailbox (its
+// device variable is per TU), pointed at `unit`'s records on this device.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <string>
+
+#include "timeout_mailbox.h"
 
 namespace kosmos {
 
@@ -16,7 +20,7 @@ constexpr int kSm90Ordinals = 64;
 using Sm90State = std::atomic<int>[kSm90Ordinals];
 
 inline std::string prepare_sm90(const char* op, const void* kernel, int threads, int smem, int ordinal,
-                                Sm90State& state) {
+                                Sm90State& state, cudaError_t (*set_mailbox)(TimeoutRecord*), TimeoutUnit unit) {
   auto fail = [&](const char* what, cudaError_t e) {
     return std::string(op) + " (sm90): " + what + " on ordinal " + std::to_string(ordinal) + ": " +
            cudaGetErrorString(e);
@@ -35,6 +39,8 @@ inline std::string prepare_sm90(const char* op, const void* kernel, int threads,
   cudaSetDevice(ordinal);
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+  if (TimeoutRecord* records = timeout_records(ordinal, unit); e == cudaSuccess && records != nullptr)
+    e = set_mailbox(records);
   cudaSetDevice(prev);
   if (e != cudaSuccess) return fail("kernel set-up", e);
   if (blocks != 1)

@@ -17,10 +17,10 @@ int tn_rs_sm90_tile_n() { return RsCfg::kBN; }
 std::string tn_rs_sm90_prepare(int ordinal) {
   const int smem = (int)sm90::SharedStorage<RsCfg>::kLaunchBytes;
   std::string err = prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfg, float>),
-                                 RsCfg::kThreads, smem, ordinal, g_state_f32);
+                                 RsCfg::kThreads, smem, ordinal, g_state_f32, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
   if (!err.empty()) return err;
   return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfg, bf16_t>),
-                      RsCfg::kThreads, smem, ordinal, g_state_bf16);
+                      RsCfg::kThreads, smem, ordinal, g_state_bf16, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
 }
 
 bool tn_rs_sm90_ready(int ordinal) { return sm90_ready(g_state_f32, ordinal) && sm90_ready(g_state_bf16, ordinal); }

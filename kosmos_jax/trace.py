@@ -175,7 +175,8 @@ def plot_timeline(records, path: str | os.PathLike, *, title: str | None = None,
   t0 = _origins(recs, per_rank_origin)
   rows = sorted({(int(r), int(c)) for r, c in zip(recs["rank"], recs["cta"])})
   row_of = {rc: i for i, rc in enumerate(rows)}
-  fig = Figure(figsize=(10, max(2.0, 0.18 * len(rows) + 1.2)))
+  # Thin rows on big grids (2 x 132 CTAs): the figure stays one page tall.
+  fig = Figure(figsize=(10, min(14.0, max(2.0, 0.18 * len(rows) + 1.2))))
   FigureCanvasAgg(fig)  # the Agg canvas, without pyplot's global state
   ax = fig.add_subplot(1, 1, 1)
   start_us = (recs["start_ns"] - t0).astype(np.int64) / 1000.0

@@ -5,7 +5,8 @@ the benchmark: benchmarks/tp_sp.py is). Per shape, bf16, ms per call (harness.ti
             epilogue (and for tn_rs the staging + a one-rank reduction), no transport
   tp2 c=N   the fused op on 2 GPUs with N CTAs in the initial comm crew
   xla       XLA's collective + dot on 2 GPUs
-Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [M K N ...]
+Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [M K N ...]
+(--only ARM: time just that arm, e.g. under ncu)
 (M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N)"""
 import os
 import pathlib
@@ -63,13 +64,20 @@ def _arms(kernel, M, K, N, m1, m2):
 
 
 def main():
-  kernel = sys.argv[1] if len(sys.argv) > 1 else "ag_tn"
+  argv = sys.argv[1:]
+  only = None
+  if "--only" in argv:
+    i = argv.index("--only")
+    only = argv[i + 1]
+    del argv[i:i + 2]
+  kernel = argv[0] if argv else "ag_tn"
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   m2, m1 = jax.sharding.Mesh(np.array(gpus[:2]), ("tp",)), jax.sharding.Mesh(np.array(gpus[:1]), ("tp",))
-  args = [int(a) for a in sys.argv[2:]] or DEFAULT[kernel]
+  args = [int(a) for a in argv[1:]] or DEFAULT[kernel]
   print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call")
   for M, K, N in zip(args[0::3], args[1::3], args[2::3]):
-    line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in _arms(kernel, M, K, N, m1, m2).items()]
+    arms = _arms(kernel, M, K, N, m1, m2)
+    line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in arms.items() if only in (None, name)]
     print(f"M={M} K={K} N={N}: " + "  ".join(line), flush=True)
   print("builder runs:", builder_runs())
 

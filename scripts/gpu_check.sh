@@ -21,4 +21,5 @@ $PY -m pip install --no-build-isolation --no-deps -e . -Ccmake.define.KOSMOS_CUD
   -Ccmake.define.KOSMOS_TRACE="$([ "${TRACE:-0}" = 1 ] && echo ON || echo OFF)" > "$OUT/build.log" 2>&1 \
   || { echo "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+[ "${TESTS:-}" = none ] && exit 0  # TESTS=none: build only
 KOSMOS_TEST_PLATFORMS=cuda,cpu $PY -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/gpu} "$@" 2>&1 | tee "$OUT/pytest.log"

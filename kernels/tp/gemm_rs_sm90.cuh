@@ -114,11 +114,9 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
       const TraceSpan wait;
       const uint64_t start = now_ns();
       while (!WorkQueue{&this->ctrl->build_next, 0}.claimed((uint32_t)j)) {
-        if (now_ns() - start > this->p.timeout_ns) {
-          printf("kosmos timeout: kernel=tn_rs_sm90 rank=%d cta=%d waits for GEMM tile %d to be claimed\n",
-                 this->p.rank, (int)blockIdx.x, j);
-          trap();
-        }
+        if (now_ns() - start > this->p.timeout_ns)
+          timeout_trap({"tn_rs_sm90", this->p.rank, (int)blockIdx.x, "build_next(claims)", j}, (uint64_t)j + 1,
+                       ld_relaxed_u32(&this->ctrl->build_next), this->p.timeout_ns);
       }
       wait.close(this->p.trace, blockIdx.x, kTraceWait, j);
     }

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "kosmos/platform.h"
+#include "kosmos/timeout_mailbox.h"
 
 namespace kosmos::sm90 {
 
@@ -54,10 +55,11 @@ KOSMOS_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // A fresh barrier counts its "previous" phase (parity 1) as complete, which is
 // what lets a producer start by waiting on parity 1 of an empty-slot barrier.
 //
-// On timeout it traps (the launch fails instead of hanging). It prints only
-// when KOSMOS_SM90_LOUD_WAITS is defined: any printf (a call to vprintf) in the
-// kernel makes ptxas serialise every wgmma (warning C7510), a large slowdown,
-// so the message is a debug-build feature.
+// On timeout it traps (the launch fails instead of hanging). It never printfs:
+// any call to vprintf in the kernel makes ptxas serialise every wgmma (warning
+// C7510). Where the host set up a mailbox (kosmos/timeout_mailbox.h: the fused
+// kernels) the report goes there first; KOSMOS_SM90_LOUD_WAITS printfs instead
+// (a debug build that accepts the slowdown).
 KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t t0 = now_ns();
@@ -67,10 +69,14 @@ KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
 #if defined(KOSMOS_SM90_LOUD_WAITS)
       printf("kosmos sm90 tile engine: timeout on %s (parity %u), block %d thread %d\n", what, parity,
              (int)blockIdx.x, (int)threadIdx.x);
+      trap();
+#elif defined(KOSMOS_TIMEOUT_MAILBOX)
+      report_timeout("sm90 tile engine", -1, (int)blockIdx.x, what, (int)threadIdx.x, parity, parity ^ 1,
+                     kWaitTimeoutNs / 1000000ull);
 #else
       (void)what;
-#endif
       trap();
+#endif
     }
   }
 }
@@ -79,6 +85,10 @@ KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
 // id 0 is __syncthreads, so engines use ids from 1.
 KOSMOS_DEVICE void named_barrier(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrive without waiting: the other side of a named_barrier(id, threads).
+KOSMOS_DEVICE void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Warp-group register reallocation: the TMA producer needs few registers, the

@@ -31,24 +31,17 @@ CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int m0 = t.m * Cfg::kBM, n0 = t.n * Cfg::kBN;
   const bool vec = (p.N % 2) == 0;  // rows start 2-element aligned
-  // A thread's wgmma fragment alternates between two rows (r, r + 8) from one
-  // element pair to the next (accumulator index = col pair + 2 * row half + 4 *
-  // column group), so a two-entry cache maps each row once instead of per pair.
-  int r0 = -1, r1 = -1;
-  OutT* p0 = nullptr;
-  OutT* p1 = nullptr;
+  // A consumer thread's fragment of a 64xBN wgmma accumulator holds two rows,
+  // r and r + 8, alternating every element pair (accumulator index = column
+  // pair + 2 * row half + 4 * column group), so each row is mapped once per
+  // tile and the unrolled loop picks its pointer by a compile-time index.
+  static_assert(decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1,
+                "one wgmma atom per consumer warp group and tile");
+  OutT* const rows[2] = {out_row<OutT>(p, h, t, m0 + get<0>(coord(0))), out_row<OutT>(p, h, t, m0 + get<0>(coord(2)))};
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
-    const int r = m0 + get<0>(coord(i)), c = n0 + get<1>(coord(i));
-    OutT* row;
-    if (r == r0) {
-      row = p0;
-    } else if (r == r1) {
-      row = p1;
-    } else {
-      row = out_row<OutT>(p, h, t, r);
-      r1 = r0, p1 = p0, r0 = r, p0 = row;
-    }
+    const int c = n0 + get<1>(coord(i));
+    OutT* const row = rows[(i >> 1) & 1];
     if (row == nullptr) continue;
     if (vec && c + 1 < p.N) {
       gemm::store_f32x2(row + c, acc(i), acc(i + 1));

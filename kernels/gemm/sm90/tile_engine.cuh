@@ -35,7 +35,8 @@ struct TileEngine {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
   static constexpr int kEvenRegs = 65536 / Cfg::kThreads / 8 * 8;  // 168 for 384 threads
-  static constexpr uint32_t kConsumerBarrier = 1;                // named barrier id
+  static constexpr uint32_t kConsumerBarrier = 1;                // named barrier ids
+  static constexpr uint32_t kRegsBackBarrier = 2;
 
   // One thread: barrier counts, then make them visible to TMA and all threads.
   static CUTE_DEVICE void init(const P& p, S& s) {
@@ -171,6 +172,12 @@ struct TileEngine {
   // fused kernel runs after the engine (reducers, finish) is not squeezed into
   // the producer's kProducerRegs: ptxas compiles code after a setmaxnreg.dec
   // under that limit, and code both warp groups share under the smaller one.
+  //
+  // The producer warp group takes its registers back only after the consumers
+  // have returned theirs, and waits for that at a named barrier: setmaxnreg.inc
+  // on an exhausted pool retries in a loop, and four warps spinning there for a
+  // whole launch took ~18% of the issue slots the consumers' epilogue needed
+  // (ncu, 2026-11-30).
   template <class Sched>
   static CUTE_DEVICE void run(const P& p, S& s, Sched& sched, Hooks& h) {
     init(p, s);
@@ -178,11 +185,13 @@ struct TileEngine {
       regs_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) produce_all(p, s, sched, h);
       __syncwarp();  // setmaxnreg is warp-aligned: lane 0 rejoins first
+      named_barrier(kRegsBackBarrier, Cfg::kThreads);
       regs_alloc<kEvenRegs>();
     } else {
       regs_alloc<kConsumerRegs>();
       consume_all(p, s, h, threadIdx.x - 128);
       regs_dealloc<kEvenRegs>();
+      named_barrier_arrive(kRegsBackBarrier, Cfg::kThreads);
     }
   }
 };

@@ -10,6 +10,7 @@
 #endif
 
 #include "kosmos/platform.h"
+#include "kosmos/timeout_mailbox.h"
 
 namespace kosmos {
 
@@ -34,6 +35,21 @@ KOSMOS_HD inline void store_release(uint64_t* p, uint64_t v) {
   if (S == Scope::kSys) st_release_sys(p, v); else st_release_gpu(p, v);
 }
 
+// Reports a wait that timed out (what it waited for, the value it expected and
+// the one it saw) and traps: printf, or the mailbox in wgmma kernels
+// (kosmos/timeout_mailbox.h).
+[[noreturn]] KOSMOS_HD inline void timeout_trap(const WaitSite& site, uint64_t expected, uint64_t seen,
+                                                uint64_t timeout_ns) {
+#if defined(KOSMOS_TIMEOUT_MAILBOX) && defined(__CUDA_ARCH__)
+  report_timeout(site.kernel, site.rank, site.cta, site.flag, site.index, expected, seen, timeout_ns / 1000000ull);
+#else
+  printf("kosmos timeout: kernel=%s rank=%d cta=%d flag=%s[%d] expected>=%llu seen=%llu after %llu ms\n",
+         site.kernel, site.rank, site.cta, site.flag, site.index, (unsigned long long)expected,
+         (unsigned long long)seen, (unsigned long long)(timeout_ns / 1000000ull));
+  trap();
+#endif
+}
+
 // Spins (one thread) until *flag >= expected; returns the value seen. The clock is
 // read only every 256 polls so the poll loop stays tight.
 template <Scope S>
@@ -44,10 +60,7 @@ KOSMOS_HD inline uint64_t wait_ge(const uint64_t* flag, uint64_t expected, uint6
     const uint64_t seen = load_acquire<S>(flag);
     if (seen >= expected) return seen;
     if ((spin & 255u) == 0 && now_ns() - start > timeout_ns) {
-      printf("kosmos timeout: kernel=%s rank=%d cta=%d flag=%s[%d] expected>=%llu seen=%llu after %llu ms\n",
-             site.kernel, site.rank, site.cta, site.flag, site.index, (unsigned long long)expected,
-             (unsigned long long)seen, (unsigned long long)(timeout_ns / 1000000ull));
-      trap();
+      timeout_trap(site, expected, seen, timeout_ns);
     }
   }
 }
