@@ -5,13 +5,19 @@ evaluated once per shape on the host, at trace time: no per-call tuning.
 Initial crews (CTAs that start moving / reducing before they switch to building):
 the link saturates with about 8-16 copying CTAs (benchmarks/RESULTS.md, transport),
 and more help only while there is little GEMM work per byte moved. Measured on
-2xH200, TP 2, bf16, Hopper builders (2026-11-30, `python scripts/gpu_bench_fused.py
-ag_tn|tn_rs`, ms per call for crews 8 / 16 / 32):
+2xH200, TP 2, bf16, Hopper builders (2026-11-30, commit 92c01a8, after the wgmma
+serialisation fix; `python scripts/gpu_bench_fused.py ag_tn|tn_rs [--crews ...]`,
+ms per call; M total rows, K and N per rank as the script takes them):
 
-  ag_tn M=8192 K=8192 N=7168    1.842 / 1.825 / 1.930   -> 16
-  ag_tn M=8192 K=4096 N=3072    0.504 / 0.503 / 0.493   -> 32 (N small)
-  tn_rs M=8192 K=3584 N=8192    1.183 / 1.156 / 1.249   -> 16
-  tn_rs M=8192 K=512  N=4096    0.389 / 0.338 / 0.296   -> 32 (K small)
+  ag_tn M=8192  K=4096  N=768    crews 16 / 24 / 32 / 48: 0.271 / 0.245 / 0.225 / 0.274 -> 32
+  ag_tn M=16384 K=8192  N=1280   crews 16 / 24 / 32 / 48: 1.027 / 0.794 / 0.791 / 0.810 -> 32
+  ag_tn M=8192  K=8192  N=2048   crews 24 / 32 / 48 / 64: 0.597 / 0.593 / 0.598 / 0.583 -> any
+  ag_tn M=8192  K=4096  N=3072   crews 8 / 16 / 32:       0.529 / 0.423 / 0.440         -> 16
+  ag_tn M=32768 K=4096  N=3584   crews 8 / 16 / 32:       1.809 / 1.794 / 2.060         -> 16
+  ag_tn M=8192  K=8192  N=7168   crews 8 / 16 / 32:       1.656 / 1.636 / 1.718         -> 16
+  ag_tn M=16384 K=16384 N=13312  crews 8 / 16 / 32:      11.794 / 11.567 / 11.840       -> 16
+  tn_rs M=8192  K=3584  N=8192   crews 0 / 8 / 16 / 32:   0.998 / 0.993 / 0.972 / 1.053 -> 16
+  tn_rs M=8192  K=512   N=4096   crews 0 / 8 / 16 / 32:   0.231 / 0.229 / 0.216 / 0.189 -> 32 (K small)
 
 GEMM work per byte moved is N (per rank) for AG+GEMM and K (per rank) for
 GEMM+RS, hence the rules below. A crew is clamped to the grid by the kernel.
@@ -50,20 +56,22 @@ class AgConfig:
       raise ValueError(f"AgConfig: switching={self.switching!r} must be a bool")
 
 
-# Work per byte moved at or below which the larger crew wins (table above).
-THIN_WORK_PER_BYTE = 4096
+# GEMM work per byte moved (N per rank for AG, K per rank for RS) at or below
+# which the larger crew wins (table above).
+AG_THIN_N = 2048
+RS_THIN_K = 1024
 CREW_DEFAULT, CREW_THIN = 16, 32
 STAGES = ("fp32", "bf16")
 
 
 def ag_movers(n: int) -> int:
   """Initial movers of AG+GEMM for n output columns per rank."""
-  return CREW_THIN if n <= THIN_WORK_PER_BYTE else CREW_DEFAULT
+  return CREW_THIN if n <= AG_THIN_N else CREW_DEFAULT
 
 
 def rs_reducers(k: int) -> int:
   """Initial reducers of GEMM+RS for a contraction of k per rank."""
-  return CREW_THIN if k <= THIN_WORK_PER_BYTE // 4 else CREW_DEFAULT
+  return CREW_THIN if k <= RS_THIN_K else CREW_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,9 +6,10 @@ from kosmos_jax import config
 
 
 def test_crew_rules_follow_the_measured_table():
-  assert config.ag_movers(3072) == config.CREW_THIN and config.ag_movers(7168) == config.CREW_DEFAULT
+  assert config.ag_movers(1280) == config.CREW_THIN and config.ag_movers(3072) == config.CREW_DEFAULT
   assert config.rs_reducers(512) == config.CREW_THIN and config.rs_reducers(3584) == config.CREW_DEFAULT
-  assert config.ag_movers(config.THIN_WORK_PER_BYTE) == config.CREW_THIN  # the boundary is inclusive
+  assert config.ag_movers(config.AG_THIN_N) == config.CREW_THIN  # the boundaries are inclusive
+  assert config.rs_reducers(config.RS_THIN_K) == config.CREW_THIN
 
 
 @pytest.mark.parametrize("kw,match", [
