@@ -9,6 +9,7 @@
 // ran is counted (tn_rs_engine_runs), never assumed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <type_traits>
@@ -44,12 +45,17 @@ std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() {
 
 
 // Band height: one tile row per band (the finest pipelining) unless the chunk
-// has more tile rows than the control block has band flags. Reduce items are
-// single tiles, so reducers balance at tile grain.
-static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n) {
+// has more tile rows than the control block has band flags, or `band_rows`
+// (KOSMOS_RS_BAND_ROWS, Hopper builders only) asks for taller bands. Why taller:
+// with one-row bands the ~132 tiles in flight span 132 / NT tile rows, so at
+// NT = 64 (N = 16384) every second tile row streams all of W from DRAM again
+// (~28 GB for 405B-Down-MBS4, where fused ran 1.68x our GEMM alone); 8-row bands
+// built column by column keep ~8 rows x 16 columns in flight. Not yet measured,
+// hence not the default. Reduce items are single tiles (reducers balance at tile grain).
+static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n, int band_rows) {
   const int T = (int)((rows + portable::kBM - 1) / portable::kBM);
   const int NT = (int)((N + tile_n - 1) / tile_n);
-  const int R = (T + kRsMaxBands - 1) / kRsMaxBands;
+  const int R = std::max((T + kRsMaxBands - 1) / kRsMaxBands, std::min(band_rows, T));
   return RsShape{tp, rank, T, NT, R, 1};
 }
 
@@ -100,7 +106,7 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (stage_bf16 && dt != 2)
     return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
   const bool bf16_stage = sm90 && stage_bf16;
-  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n);
+  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? rs_band_rows_knob() : 1);
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);

@@ -32,7 +32,9 @@ struct RsSm90Shared {
   int bcast;
 };
 
-// GEMM tile claims in rs_build_item order, for the engine's producer thread.
+// GEMM tile claims in rs_build_item order, for the engine's producer thread;
+// within a band column by column (rs_band_tile_colmajor), which matters once
+// bands are several rows tall (KOSMOS_RS_BAND_ROWS, csrc/tn_rs_cuda.cu).
 struct RsSm90Sched {
   RsCtrl* ctrl;
   RsShape s;
@@ -43,7 +45,8 @@ struct RsSm90Sched {
     const RsTile rt = rs_build_item(s, j);
     // Claimed, not yet built: peers' reducers may now wait on this step's bands.
     if (j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
-    t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + rt.k / s.NT, rt.k % s.NT};
+    const RsBandTile bt = rs_band_tile_colmajor(s, rt.band, rt.k);
+    t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + bt.row, bt.col};
     return true;
   }
 };
@@ -63,7 +66,7 @@ struct RsSm90Hooks {
 
   KOSMOS_DEVICE int slot_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    return rs_stage_slot(s, band, chunk, (tr - band * s.R) * s.NT + t.n);
+    return rs_stage_slot(s, band, chunk, rs_band_index(s, tr - band * s.R, t.n));
   }
 
   // Engine row r of tile t lands in row r - t.m * kBM of the tile's staging

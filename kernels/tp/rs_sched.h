@@ -62,6 +62,20 @@ KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {
   return {b, rs_chunk_at(s, q / bt), q % bt};
 }
 
+// Where queue tile k of band b is, for builders that take a band column by
+// column (the Hopper builders: tiles built at once then share a few W columns
+// across the band's rows): row k % rows of the band, column k / rows. The
+// staging keeps the row-major index rs_band_index; any bijection works, since
+// bands complete and steps are claimed by count.
+struct RsBandTile {
+  int row, col;  // tile row within the band, tile column
+};
+KOSMOS_HD inline RsBandTile rs_band_tile_colmajor(const RsShape& s, int b, int k) {
+  const int rows = rs_band_rows(s, b);
+  return {k % rows, k / rows};
+}
+KOSMOS_HD inline int rs_band_index(const RsShape& s, int row, int col) { return row * s.NT + col; }
+
 // Staging slot (in tiles) of band b, chunk c, tile k: band-major like the queue,
 // but chunk-ordered (not rotated) so a peer finds band (b, c) without knowing our
 // rank, as one contiguous block it can pull in a single copy.

@@ -109,13 +109,17 @@ struct HostOps {
 
   // The "GEMM": this rank's partial of tile t. The tag is cleared first and set
   // last, so a reader that sees the right tag before and after read this epoch's data.
+  // Hopper builders take a band column by column (RsSm90Sched) and stage by
+  // coordinates (RsSm90Hooks::slot_of); portable builders row by row.
   void build(const RsTile& t) {
-    const int slot = rs_stage_slot(s, t.band, t.chunk, t.k);
+    const RsBandTile bt = c.builders_build ? rs_band_tile_colmajor(s, t.band, t.k)
+                                           : RsBandTile{t.k / s.NT, t.k % s.NT};
+    const int slot = rs_stage_slot(s, t.band, t.chunk, rs_band_index(s, bt.row, bt.col));
     __atomic_fetch_add(&me().built[slot], 1u, __ATOMIC_RELAXED);
     if (reducing) __atomic_fetch_add(&g_help_builds, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&me().tag[slot], 0ull, __ATOMIC_RELAXED);
     jitter();
-    const int row = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
+    const int row = t.band * s.R + bt.row, tn = bt.col;
     for (int i = 0; i < kElems; ++i)
       __atomic_store_n(&me().stage[slot * kElems + i], fbits(partial(data_seed, e, rank, t.chunk, row, tn, i)),
                        __ATOMIC_RELAXED);
