@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# ptxas check of the Hopper (sm_90a) kernels, no GPU needed: compiles the
+# translation units of the sm_90a library to cubins with the build's flags and
+# fails if ptxas serialised any wgmma (info C7510: "wgmma.mma_async instructions
+# are serialized"). A single call in a wgmma kernel (printf, a non-inlined
+# function) does that silently and cost the fused kernels 11-35% (2026-11-30).
+# Run by tests/test_sm90_ptxas.py; needs nvcc and the nvidia-cutlass package.
+set -euo pipefail
+NVCC=${NVCC:-nvcc}
+PY=${PYTHON:-python3}
+command -v "$NVCC" >/dev/null || { echo "sm90_ptxas_check: $NVCC not found"; exit 2; }
+CUTE=$("$PY" -c "import os, cutlass_library; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))") \
+  || { echo "sm90_ptxas_check: nvidia-cutlass is not importable by $PY"; exit 2; }
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+TUS=(ag_tn_sm90 tn_rs_sm90 matmul_sm90_tn)
+for tu in "${TUS[@]}"; do  # the same flags as CMakeLists.txt's kosmos_sm90 library
+  "$NVCC" -std=c++17 -O3 -DNDEBUG -DKOSMOS_TIMEOUT_MAILBOX=1 --expt-relaxed-constexpr -arch=sm_90a -cubin \
+    -Xptxas -v -I "$CUTE" -I "$ROOT/kernels/include" -I "$ROOT/kernels" -I "$ROOT/csrc" \
+    -o "$OUT/$tu.cubin" "$ROOT/csrc/$tu.cu" > "$OUT/$tu.log" 2>&1 &
+done
+fail=0
+for job in $(jobs -p); do wait "$job" || fail=1; done
+for tu in "${TUS[@]}"; do
+  if [ "$fail" != 0 ] && [ ! -s "$OUT/$tu.cubin" ]; then echo "sm90_ptxas_check: $tu failed to compile"; tail -30 "$OUT/$tu.log"; exit 1; fi
+  if grep -q "C7510" "$OUT/$tu.log"; then
+    echo "sm90_ptxas_check: ptxas serialised wgmma in $tu:"; grep "C7510" "$OUT/$tu.log"; exit 1
+  fi
+  echo "$tu: $(grep -c 'Compiling entry function' "$OUT/$tu.log") kernels, no wgmma serialisation"
+done
+echo "sm90_ptxas_check: ok"
