@@ -150,15 +150,6 @@ bool force_portable_builders() {
   return on;
 }
 
-int rs_band_rows_knob() {
-  static const int rows = [] {
-    const char* s = std::getenv("KOSMOS_RS_BAND_ROWS");
-    const int v = s && *s ? std::atoi(s) : 1;
-    return v < 1 ? 1 : (v > 64 ? 64 : v);
-  }();
-  return rows;
-}
-
 uint64_t timeout_ns() {
   static const uint64_t ns = [] {
     const char* s = std::getenv("KOSMOS_TIMEOUT_MS");

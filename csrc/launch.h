@@ -89,10 +89,6 @@ xla::ffi::Error launch_counted(const char* op, CUstream_st* stream, void* y, siz
   return err;
 }
 
-// KOSMOS_RS_BAND_ROWS (default 1, clamped to 1..64): tile rows per GEMM+RS band
-// for the Hopper builders (csrc/tn_rs_cuda.cu rs_shape says why and that it is
-// unmeasured).
-int rs_band_rows_knob();
 // KOSMOS_TIMEOUT_MS (default 10 s) as nanoseconds: every spin's bound.
 uint64_t timeout_ns();
 

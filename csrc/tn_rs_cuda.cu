@@ -46,12 +46,13 @@ std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() {
 
 // Band height: one tile row per band (the finest pipelining) unless the chunk
 // has more tile rows than the control block has band flags, or `band_rows`
-// (KOSMOS_RS_BAND_ROWS, Hopper builders only) asks for taller bands. Why taller:
+// (RsConfig.band_rows, Hopper builders only) asks for taller bands. Why taller:
 // with one-row bands the ~132 tiles in flight span 132 / NT tile rows, so at
 // NT = 64 (N = 16384) every second tile row streams all of W from DRAM again
 // (~28 GB for 405B-Down-MBS4, where fused ran 1.68x our GEMM alone); 8-row bands
 // built column by column keep ~8 rows x 16 columns in flight. Not yet measured,
-// hence not the default. Reduce items are single tiles (reducers balance at tile grain).
+// hence not the default (kosmos_jax/config.py rs_band_rows). Reduce items are
+// single tiles (reducers balance at tile grain).
 static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n, int band_rows) {
   const int T = (int)((rows + portable::kBM - 1) / portable::kBM);
   const int NT = (int)((N + tile_n - 1) / tile_n);
@@ -78,7 +79,7 @@ using namespace kosmos;
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers,
-                           int64_t stage_bf16, int64_t switching) {
+                           int64_t stage_bf16, int64_t switching, int64_t band_rows) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -106,7 +107,10 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (stage_bf16 && dt != 2)
     return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
   const bool bf16_stage = sm90 && stage_bf16;
-  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? rs_band_rows_knob() : 1);
+  if (band_rows < 1 || band_rows > kRsMaxBands)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(band_rows) + " must be in [1, " +
+                                       std::to_string(kRsMaxBands) + "]");
+  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)band_rows : 1);
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
@@ -154,4 +158,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
                                   .Attr<int64_t>("reducers")                 // -1 = default policy
                                   .Attr<int64_t>("stage_bf16")               // 1: bf16 staging (Hopper builders)
-                                  .Attr<int64_t>("switching"));              // 0: fixed split
+                                  .Attr<int64_t>("switching")                // 0: fixed split
+                                  .Attr<int64_t>("band_rows"));              // tile rows per band (Hopper builders)

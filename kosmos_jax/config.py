@@ -74,6 +74,18 @@ def rs_reducers(k: int) -> int:
   return CREW_THIN if k <= RS_THIN_K else CREW_DEFAULT
 
 
+MAX_BAND_ROWS = 64
+
+
+def rs_band_rows(n: int) -> int:
+  """Tile rows per GEMM+RS band (Hopper builders) for n output columns. One row
+  (the finest pipelining, the order every measurement so far used) until taller
+  bands are measured: with one-row bands only ~132 / (n / 256) tile rows are built
+  at once, so n = 16384 streams W from DRAM once per two tile rows."""
+  del n
+  return 1
+
+
 @dataclasses.dataclass(frozen=True)
 class RsConfig:
   """Fused GEMM+RS launch knobs.
@@ -87,11 +99,17 @@ class RsConfig:
     way. Portable builders (non-Hopper GPUs, other dtypes) always stage fp32.
   switching: True (default): a builder whose GEMM queue is empty reduces. False:
     a fixed split (builders stop; needs reducers >= 1 and a grid of >= 2 CTAs).
+  band_rows: tile rows per band for the Hopper builders (1..MAX_BAND_ROWS; None =
+    rs_band_rows(n)). A band is the unit reducers wait for; taller bands, built
+    column by column, keep fewer W columns in flight for wide outputs but start
+    the reduction later. Portable builders always use 1. Not yet measured on a GPU
+    above 1, which is therefore the default.
   """
   cu_cap: int | None = None
   reducers: int | None = None
   stage: str = "bf16"
   switching: bool = True
+  band_rows: int | None = None
 
   def __post_init__(self):
     for name, v, lo in (("cu_cap", self.cu_cap, 1), ("reducers", self.reducers, 0)):
@@ -101,6 +119,9 @@ class RsConfig:
       raise ValueError(f"RsConfig: stage={self.stage!r} must be one of {STAGES}")
     if not isinstance(self.switching, bool):
       raise ValueError(f"RsConfig: switching={self.switching!r} must be a bool")
+    b = self.band_rows
+    if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_BAND_ROWS):
+      raise ValueError(f"RsConfig: band_rows={b!r} must be an int in [1, {MAX_BAND_ROWS}] or None")
     if not self.switching and self.reducers == 0:
       raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
                        "give reducers >= 1 (or None for the default)")

@@ -6,7 +6,8 @@ the benchmark: benchmarks/tp_sp.py is). Per shape, bf16, ms per call (harness.ti
   tp2 c=N   the fused op on 2 GPUs with N CTAs in the initial comm crew
   xla       XLA's collective + dot on 2 GPUs
 Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [M K N ...]
-(--only ARM: time just that arm, e.g. under ncu; --crews 8,16,32: the tp2 crews timed)
+(--only ARM: time just that arm, e.g. under ncu; --crews 8,16,32: the tp2 crews timed;
+ --bands 1,8: tn_rs only, one more tp2 arm per band height, default crew)
 (M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N)"""
 import os
 import pathlib
@@ -35,7 +36,7 @@ def _time(f, ins):
   return harness.time_fn(f, [ins], calls=10, reps=3).median_ms
 
 
-def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32)):
+def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32), bands=()):
   """name -> (jitted fn, inputs) for one shape."""
   key1, key2 = jax.random.key(1), jax.random.key(2)
   sm = lambda mesh, fn, ins, out: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=out))
@@ -60,6 +61,8 @@ def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32)):
     arms["tp2 fp32-stage"] = (sm(m2, lambda a, b: op(a, b, axis_name="tp", stage="fp32"), (xs, ws), ys), (x2, w2))
   for c in crews:
     arms[f"tp2 c={c}"] = (sm(m2, lambda a, b, c=c: op(a, b, axis_name="tp", **{knob: c}), (xs, ws), ys), (x2, w2))
+  for r in bands if kernel == "tn_rs" else ():
+    arms[f"tp2 bands={r}"] = (sm(m2, lambda a, b, r=r: op(a, b, axis_name="tp", band_rows=r), (xs, ws), ys), (x2, w2))
   return arms
 
 
@@ -70,18 +73,19 @@ def main():
     i = argv.index("--only")
     only = argv[i + 1]
     del argv[i:i + 2]
-  crews = (0, 8, 16, 32)
-  if "--crews" in argv:
-    i = argv.index("--crews")
-    crews = tuple(int(c) for c in argv[i + 1].split(","))
-    del argv[i:i + 2]
+  opts = {"--crews": (0, 8, 16, 32), "--bands": ()}
+  for flag in opts:
+    if flag in argv:
+      i = argv.index(flag)
+      opts[flag] = tuple(int(c) for c in argv[i + 1].split(","))
+      del argv[i:i + 2]
   kernel = argv[0] if argv else "ag_tn"
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   m2, m1 = jax.sharding.Mesh(np.array(gpus[:2]), ("tp",)), jax.sharding.Mesh(np.array(gpus[:1]), ("tp",))
   args = [int(a) for a in argv[1:]] or DEFAULT[kernel]
   print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call")
   for M, K, N in zip(args[0::3], args[1::3], args[2::3]):
-    arms = _arms(kernel, M, K, N, m1, m2, crews)
+    arms = _arms(kernel, M, K, N, m1, m2, opts["--crews"], opts["--bands"])
     line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in arms.items() if only in (None, name)]
     print(f"M={M} K={K} N={N}: " + "  ".join(line), flush=True)
   print("builder runs:", builder_runs())

@@ -27,6 +27,9 @@ def test_ag_config_rejects(kw, match):
     (dict(cu_cap=True), "cu_cap=True"),
     (dict(stage="fp16"), "stage='fp16'"),
     (dict(switching=False, reducers=0), "nobody to reduce"),
+    (dict(band_rows=0), "band_rows=0"),
+    (dict(band_rows=65), "band_rows=65"),
+    (dict(band_rows=2.0), "band_rows=2.0"),
 ])
 def test_rs_config_rejects(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -35,4 +38,5 @@ def test_rs_config_rejects(kw, match):
 
 def test_defaults_are_valid():
   assert config.RsConfig().stage == "bf16" and config.RsConfig().switching
+  assert config.RsConfig(band_rows=8).band_rows == 8 and config.rs_band_rows(16384) == 1
   assert config.AgConfig(movers=0, switching=False).movers == 0

@@ -34,7 +34,7 @@ struct RsSm90Shared {
 
 // GEMM tile claims in rs_build_item order, for the engine's producer thread;
 // within a band column by column (rs_band_tile_colmajor), which matters once
-// bands are several rows tall (KOSMOS_RS_BAND_ROWS, csrc/tn_rs_cuda.cu).
+// bands are several rows tall (RsConfig.band_rows, csrc/tn_rs_cuda.cu rs_shape).
 struct RsSm90Sched {
   RsCtrl* ctrl;
   RsShape s;
