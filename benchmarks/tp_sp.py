@@ -23,7 +23,7 @@ cannot run is recorded with its reason (status unavailable / failed / not_run), 
 replaced by another implementation.
 
   python benchmarks/tp_sp.py [--kernels ag_tn,tn_rs] [--shapes all|quick|NAME,...]
-      [--arms xla,...] [--dtype bf16] [--reps 5] [--budget-s 0] [--smoke]
+      [--arms xla,...] [--dtype bf16] [--reps 5] [--budget-s 0] [--fused-knobs band_rows=8] [--smoke]
 Writes <out-dir>/tp_sp<tag>.csv, tp_sp<tag>_<kernel>.png, tp_sp<tag>_summary.md, appends
 the summary to benchmarks/RESULTS.md (not with --smoke / --no-append), and copies the
 CSV, plots and summary (as tp_sp_summary.md) into $OUT when OUT is set.
@@ -79,6 +79,8 @@ def parse_args(argv=None):
                   help="an arm whose single call takes longer is timed on one call only")
   ap.add_argument("--target-ms", type=float, default=20.0, help="work per timed repetition")
   ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting work after this (0: none)")
+  ap.add_argument("--fused-knobs", default="", metavar="NAME=INT,...",
+                  help="launch knobs for the kosmos_fused arm (e.g. band_rows=8 for tn_rs); recorded as its variant")
   ap.add_argument("--out-dir", default=str(harness.HERE / "out"))
   ap.add_argument("--tag", default="", help="suffix of the output file names")
   ap.add_argument("--no-append", action="store_true", help="do not append to benchmarks/RESULTS.md")
@@ -93,6 +95,12 @@ def parse_args(argv=None):
   for a in args.arms:
     if a not in FAMILIES:
       ap.error(f"--arms: {a!r} is not one of {FAMILIES}")
+  raw, args.fused_knobs = args.fused_knobs, {}
+  for item in (i for i in raw.split(",") if i):
+    name, _, value = item.partition("=")
+    if not name.isidentifier() or not value.lstrip("-").isdigit():
+      ap.error(f"--fused-knobs: {item!r} is not NAME=INT")
+    args.fused_knobs[name] = int(value)
   if args.smoke:
     args.reps, args.warmup_s, args.target_ms = min(args.reps, 2), 0.01, 1.0
   else:
@@ -169,6 +177,8 @@ def plan(pb, family, args):
   if family == "gemm_alone":
     return [("gemm_alone_kosmos", lambda: A.arm_gemm_alone(pb, "kosmos")),
             ("gemm_alone_xla", lambda: A.arm_gemm_alone(pb, "xla"))]
+  if family == "kosmos_fused":
+    return [(family, lambda: A.arm_kosmos_fused(pb, args.fused_knobs))]
   if family != "fixed_split":
     return [(family, lambda: getattr(A, f"arm_{family}")(pb))]
   grid = A.num_sms()

@@ -175,8 +175,17 @@ def arm_kosmos_unfused(pb):
   return {"": (_smap(pb, lambda x, w: _scatter(_kosmos_gemm(x, w))), "std")}
 
 
-def arm_kosmos_fused(pb):
+def arm_kosmos_fused(pb, knobs=None):
+  """The public op with impl="fused"; with `knobs` ({name: int}, e.g. band_rows=8),
+  the fused lowering called with those launch knobs, recorded as the variant."""
   _need_fused(pb.kernel)
+  if knobs:
+    fn = fused_lowering(pb.kernel)
+    unknown = sorted(set(knobs) - set(inspect.signature(fn).parameters))
+    if unknown:
+      raise Unavailable(f"not supported: the {pb.kernel} fused lowering has no knob {', '.join(unknown)}")
+    variant = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    return {variant: (_smap(pb, lambda x, w: fn(x, w, axis_name=AXIS, **knobs)), "std")}
   op = getattr(ops, pb.kernel)
   return {"": (_smap(pb, lambda x, w: op(x, w, axis_name=AXIS, impl="fused")), "std")}
 

@@ -85,3 +85,12 @@ def test_outputs_written(smoke):
   for name in ("tp_sp.csv", "tp_sp_ag_tn.png", "tp_sp_tn_rs.png"):
     assert (tmp / "out" / name).stat().st_size > 0
     assert (tmp / "bench" / name).stat().st_size > 0
+
+
+def test_fused_knobs_are_parsed_and_checked():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import tp_sp
+  assert tp_sp.parse_args(["--fused-knobs", "band_rows=8,reducers=16"]).fused_knobs == {"band_rows": 8, "reducers": 16}
+  assert tp_sp.parse_args([]).fused_knobs == {}
+  with pytest.raises(SystemExit):
+    tp_sp.parse_args(["--fused-knobs", "band_rows=eight"])
