@@ -7,7 +7,8 @@ the link saturates with about 8-16 copying CTAs (benchmarks/RESULTS.md, transpor
 and more help only while there is little GEMM work per byte moved. Measured on
 2xH200, TP 2, bf16, Hopper builders (2026-11-30, commit 92c01a8, after the wgmma
 serialisation fix; `python scripts/gpu_bench_fused.py ag_tn|tn_rs [--crews ...]`,
-ms per call; M total rows, K and N per rank as the script takes them):
+ms per call, a row's crews from up to two runs; M total rows, K and N per rank as
+the script takes them):
 
   ag_tn M=8192  K=4096  N=768    crews 16 / 24 / 32 / 48: 0.271 / 0.245 / 0.225 / 0.274 -> 32
   ag_tn M=16384 K=8192  N=1280   crews 16 / 24 / 32 / 48: 1.027 / 0.794 / 0.791 / 0.810 -> 32
