@@ -5,10 +5,9 @@ the benchmark: benchmarks/tp_sp.py is). Per shape, bf16, ms per call (harness.ti
             epilogue (and for tn_rs the staging + a one-rank reduction), no transport
   tp2 c=N   the fused op on 2 GPUs with N CTAs in the initial comm crew
   xla       XLA's collective + dot on 2 GPUs
-Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [M K N ...]
-(--only ARM: time just that arm, e.g. under ncu; --crews 8,16,32: the tp2 crews timed;
- --bands 1,8: tn_rs only, one more tp2 arm per band height, default crew)
-(M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N)"""
+Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [--crews 8,16] [--bands 1,8] [M K N ...]
+(M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N; --help for the options)"""
+import argparse
 import os
 import pathlib
 import sys
@@ -67,25 +66,22 @@ def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32), bands=()):
 
 
 def main():
-  argv = sys.argv[1:]
-  only = None
-  if "--only" in argv:
-    i = argv.index("--only")
-    only = argv[i + 1]
-    del argv[i:i + 2]
-  opts = {"--crews": (0, 8, 16, 32), "--bands": ()}
-  for flag in opts:
-    if flag in argv:
-      i = argv.index(flag)
-      opts[flag] = tuple(int(c) for c in argv[i + 1].split(","))
-      del argv[i:i + 2]
-  kernel = argv[0] if argv else "ag_tn"
+  ints = lambda v: tuple(int(c) for c in v.split(",") if c)
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("kernel", nargs="?", default="ag_tn", choices=sorted(DEFAULT))
+  ap.add_argument("shape", nargs="*", type=int, help="M K N triples (default: two shapes per kernel)")
+  ap.add_argument("--only", help="time just this arm (e.g. under ncu)")
+  ap.add_argument("--crews", type=ints, default=(0, 8, 16, 32), help="the tp2 crews timed")
+  ap.add_argument("--bands", type=ints, default=(), help="tn_rs: one more tp2 arm per band height")
+  a = ap.parse_intermixed_args()
+  if len(a.shape) % 3:
+    ap.error(f"shape: {len(a.shape)} integers is not a list of M K N triples")
+  kernel, only, args = a.kernel, a.only, a.shape or DEFAULT[a.kernel]
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   m2, m1 = jax.sharding.Mesh(np.array(gpus[:2]), ("tp",)), jax.sharding.Mesh(np.array(gpus[:1]), ("tp",))
-  args = [int(a) for a in argv[1:]] or DEFAULT[kernel]
   print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call")
   for M, K, N in zip(args[0::3], args[1::3], args[2::3]):
-    arms = _arms(kernel, M, K, N, m1, m2, opts["--crews"], opts["--bands"])
+    arms = _arms(kernel, M, K, N, m1, m2, a.crews, a.bands)
     line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in arms.items() if only in (None, name)]
     print(f"M={M} K={K} N={N}: " + "  ".join(line), flush=True)
   print("builder runs:", builder_runs())
