@@ -78,13 +78,24 @@ def rs_reducers(k: int) -> int:
 MAX_BAND_ROWS = 64
 
 
-def rs_band_rows(n: int) -> int:
-  """Tile rows per GEMM+RS band (Hopper builders) for n output columns. One row
-  (the finest pipelining, the order every measurement so far used) until taller
-  bands are measured: with one-row bands only ~132 / (n / 256) tile rows are built
-  at once, so n = 16384 streams W from DRAM once per two tile rows."""
-  del n
-  return 1
+# Weight bytes per rank above which GEMM+RS builds tall bands: H200's L2 is 50 MB
+# (60 MB physical, split in two partitions), and one-row bands keep only about
+# 132 / (n / 256) tile rows in flight, so a W that does not stay in L2 is streamed
+# from DRAM once per one or two tile rows.
+RS_TALL_W_BYTES = 32 << 20
+RS_TALL_BAND_ROWS = 8
+
+
+def rs_band_rows(n: int, k: int, itemsize: int = 2) -> int:
+  """Tile rows per GEMM+RS band (Hopper builders) for W of k x n per rank.
+
+  Measured on 2xH200, TP 2, bf16, the paper's 24 shapes (2026-11-30, 343e16f,
+  benchmarks/RESULTS.md): band_rows=8 against 1 took the 405B shapes (W 67-218 MB)
+  from 0.68-0.91x XLA to 0.94-1.04x and 70B-Down (W 59 MB) from 0.93-0.96x to
+  0.99-1.01x, but cost 3-9% where W fits in L2 (70B-OProj 17 MB, 8B 4-15 MB):
+  taller bands start the reduction later.
+  """
+  return RS_TALL_BAND_ROWS if n * k * itemsize > RS_TALL_W_BYTES else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +112,9 @@ class RsConfig:
   switching: True (default): a builder whose GEMM queue is empty reduces. False:
     a fixed split (builders stop; needs reducers >= 1 and a grid of >= 2 CTAs).
   band_rows: tile rows per band for the Hopper builders (1..MAX_BAND_ROWS; None =
-    rs_band_rows(n)). A band is the unit reducers wait for; taller bands, built
+    rs_band_rows(n, k)). A band is the unit reducers wait for; taller bands, built
     column by column, keep fewer W columns in flight for wide outputs but start
-    the reduction later. Portable builders always use 1. Not yet measured on a GPU
-    above 1, which is therefore the default.
+    the reduction later. Portable builders always use 1.
   """
   cu_cap: int | None = None
   reducers: int | None = None

@@ -38,5 +38,5 @@ def test_rs_config_rejects(kw, match):
 
 def test_defaults_are_valid():
   assert config.RsConfig().stage == "bf16" and config.RsConfig().switching
-  assert config.RsConfig(band_rows=8).band_rows == 8 and config.rs_band_rows(16384) == 1
+  assert config.RsConfig(band_rows=8).band_rows == 8 and config.rs_band_rows(16384, 6656) == 8 and config.rs_band_rows(8192, 1024) == 1
   assert config.AgConfig(movers=0, switching=False).movers == 0
