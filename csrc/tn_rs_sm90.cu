@@ -6,34 +6,44 @@
 namespace kosmos {
 namespace {
 
-// 128x256 tiles, 4 stages; the epilogue stages fp32 or bf16 partial tiles.
-using RsCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 4>;
+// 128x256 tiles. bf16 partials leave through the staged epilogue (3 stages
+// beside it); fp32 partial tiles would not fit beside the ring, so they are
+// stored from registers with 4 stages.
+using RsCfgBf16 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
+using RsCfgF32 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 4, /*SmemEpi=*/false>;
+static_assert(RsCfgBf16::kBN == RsCfgF32::kBN, "one staging tile width for both");
 Sm90State g_state_f32, g_state_bf16;
 
 }  // namespace
 
-int tn_rs_sm90_tile_n() { return RsCfg::kBN; }
+int tn_rs_sm90_tile_n() { return RsCfgBf16::kBN; }
 
 std::string tn_rs_sm90_prepare(int ordinal) {
-  const int smem = (int)sm90::SharedStorage<RsCfg>::kLaunchBytes;
-  std::string err = prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfg, float>),
-                                 RsCfg::kThreads, smem, ordinal, g_state_f32, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
+  std::string err = prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfgF32, float>),
+                                 RsCfgF32::kThreads, (int)sm90::SharedStorage<RsCfgF32>::kLaunchBytes, ordinal,
+                                 g_state_f32, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
   if (!err.empty()) return err;
-  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfg, bf16_t>),
-                      RsCfg::kThreads, smem, ordinal, g_state_bf16, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
+  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfgBf16, bf16_t>),
+                      RsCfgBf16::kThreads, (int)sm90::SharedStorage<RsCfgBf16>::kLaunchBytes, ordinal, g_state_bf16,
+                      set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
 }
 
 bool tn_rs_sm90_ready(int ordinal) { return sm90_ready(g_state_f32, ordinal) && sm90_ready(g_state_bf16, ordinal); }
 
-cudaError_t tn_rs_sm90_launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
-  RsSm90Params<RsCfg> p{rs, {}};
-  p.g = sm90::make_params<RsCfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
-  const size_t smem = sm90::SharedStorage<RsCfg>::kLaunchBytes;
-  if (rs.stage_bf16)
-    tn_rs_sm90_kernel<RsCfg, bf16_t><<<grid, RsCfg::kThreads, smem, stream>>>(p);
-  else
-    tn_rs_sm90_kernel<RsCfg, float><<<grid, RsCfg::kThreads, smem, stream>>>(p);
+namespace {
+
+template <class Cfg, class StageT>
+cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
+  RsSm90Params<Cfg> p{rs, {}};
+  p.g = sm90::make_params<Cfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
+  tn_rs_sm90_kernel<Cfg, StageT><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t tn_rs_sm90_launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
+  return rs.stage_bf16 ? launch<RsCfgBf16, bf16_t>(rs, grid, stream) : launch<RsCfgF32, float>(rs, grid, stream);
 }
 
 }  // namespace kosmos

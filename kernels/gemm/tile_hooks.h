@@ -8,8 +8,12 @@
 //  before_k(t, k0)     the same thread, before loading k-block [k0, k0 + BK).
 //                      For producers whose contraction rows arrive in pieces
 //                      (wgrad over gathered tokens).
-//  tile_done(t)        one thread, after every thread has stored tile t.
-//                      Fused kernels release the tile's flag here (GEMM+RS).
+//  tile_done(t)        one thread, after every thread has stored tile t and
+//                      the stores are complete. Fused kernels release the
+//                      tile's flag here (GEMM+RS). The Hopper engine's staged
+//                      epilogue calls it one tile late (after the CTA's next
+//                      mainloop, or before the engine returns), so a tile's
+//                      loads must never wait on this CTA's earlier tile_done.
 //  row_ptr<OutT>(t, r) (Hopper epilogue, when kMapsRows) where row r of the
 //                      engine's C goes: element (r, c) is stored at
 //                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels

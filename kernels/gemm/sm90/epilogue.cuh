@@ -1,12 +1,19 @@
-// Epilogue of the Hopper engine: fp32 accumulators from registers straight to
-// global memory, rounded once to the output type (bf16 for a finished product,
-// fp32 for partials another pass reduces). Edge tiles are masked per element.
+// Epilogue of the Hopper engine: fp32 accumulators rounded once to the output
+// type (bf16 for a finished product, fp32 for partials another pass reduces).
 //
-// Direct stores keep shared memory for the operand ring (4 stages of a
-// 128x256 tile fill 192 KB); while consumers store, the producer is already
-// loading the next tile, so the stores overlap with TMA, not with WGMMA.
+// Two ways out. With Cfg::kSmemEpilogue (16-bit outputs) the consumers write
+// the tile into a padded shared-memory buffer and one thread per row copies
+// the row out with a bulk async copy (bulk_store.cuh); the copies run while
+// the tensor cores compute the next tile. Storing straight from registers
+// instead (store_tile: fp32 outputs, or N not a multiple of 8) leaves the
+// tensor cores idle for the whole store, and its 4-byte stores fill only half
+// of every 32-byte sector they touch (with it our GEMM ran at 0.58-0.90x
+// cuBLAS at K = 512 and 0.89-0.93x at K = 6656: benchmarks/RESULTS.md).
 #pragma once
+#include <type_traits>
+
 #include "gemm/elem.h"
+#include "gemm/sm90/bulk_store.cuh"
 #include "gemm/sm90/tile_config.cuh"
 
 namespace kosmos::sm90 {
@@ -51,6 +58,52 @@ CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc
       if (c1 < p.N) gemm::store_f32(row + c1, acc(i + 1));
     }
   }
+}
+
+// The staged-tile path needs every output row to be whole 16-byte runs.
+template <class Cfg>
+CUTE_DEVICE bool smem_epilogue(const Params<Cfg>& p) {
+  if constexpr (Cfg::kSmemEpilogue) {
+    return p.N % 8 == 0;
+  } else {
+    return false;
+  }
+}
+
+// Consumer threads: tile accumulators -> the staged tile s.c [kBM][kEpiPitch],
+// in the fragment's two-rows-per-thread order (see store_tile). The pitch keeps
+// a warp's eight rows on disjoint banks.
+// Two adjacent outputs rounded to bf16, as one 4-byte store to a shared address.
+CUTE_DEVICE void st_shared_bf16x2(uint32_t addr, float v0, float v1) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+}
+
+template <class Cfg, class OutT, class Thr, class Acc>
+CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
+  static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
+  // 32-bit shared addresses: generic 64-bit pointers here cost ptxas ~60
+  // registers it did not have beside the accumulators (spills).
+  const uint32_t base = smem_u32(s.c);
+  const uint32_t rows[2] = {base + uint32_t(get<0>(coord(0)) * Cfg::kEpiPitch * 2),
+                            base + uint32_t(get<0>(coord(2)) * Cfg::kEpiPitch * 2)};
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2)
+    st_shared_bf16x2(rows[(i >> 1) & 1] + uint32_t(get<1>(coord(i)) * 2), acc(i), acc(i + 1));
+}
+
+// One consumer thread per row (row < kBM): copies staged row `row` of tile t to
+// where the hooks map it, clipped to N; rows past the problem are skipped.
+// Both ends are 16-byte aligned: N % 8 == 0 (smem_epilogue) and 16-byte
+// aligned bases (unsupported(), the fused launchers).
+template <class Cfg, class OutT, class Hooks>
+CUTE_DEVICE void copy_out_row(const Params<Cfg>& p, SharedStorage<Cfg>& s, Hooks& h, gemm::TileCoord t, int row) {
+  OutT* const dst = out_row<OutT>(p, h, t, t.m * Cfg::kBM + row);
+  if (dst == nullptr) return;
+  const int n0 = t.n * Cfg::kBN;
+  const int cols = p.N - n0 < Cfg::kBN ? p.N - n0 : Cfg::kBN;
+  bulk_store(dst + n0, reinterpret_cast<const OutT*>(s.c) + row * Cfg::kEpiPitch, cols * (uint32_t)sizeof(OutT));
 }
 
 }  // namespace kosmos::sm90

@@ -37,7 +37,14 @@ using SmemRing = decltype(tile_to_shape(
 // One engine configuration. Two consumer warp groups split the tile's rows,
 // so a 128x256 tile gives each a 64x256 fp32 accumulator (128 registers per
 // thread); one producer warp group issues TMA.
-template <gemm::Layout L, int BM_, int BN_, int Stages_>
+//
+// SmemEpi: the epilogue stages a 16-bit output tile in shared memory and
+// copies it out asynchronously (epilogue.cuh), so the tensor cores start the
+// next tile at once. Its buffer (kBM x kEpiPitch) costs one 128x256 operand
+// stage: 3 stages + the buffer fill ~211 KB of the 227 KB. Without it the
+// consumers store from registers (needed for fp32 outputs: their tile would
+// not fit beside the ring).
+template <gemm::Layout L, int BM_, int BN_, int Stages_, bool SmemEpi_ = true>
 struct TileConfig {
   static constexpr gemm::Layout kLayout = L;
   static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
@@ -56,6 +63,12 @@ struct TileConfig {
   // TMA fills out-of-bounds box elements with zeros and still counts them, so
   // every stage, edge tiles included, lands exactly this many bytes.
   static constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * sizeof(bf16);
+  static constexpr bool kSmemEpilogue = SmemEpi_;
+  // Row pitch of the staged output tile in 16-bit elements: 16 bytes of
+  // padding make a row 16-byte aligned for the bulk copy and put the 8 rows a
+  // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
+  static constexpr int kEpiPitch = kBN + 8;
+  static constexpr int kEpiElems = kSmemEpilogue ? kBM * kEpiPitch : 8;
   static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
 };
 
@@ -100,6 +113,7 @@ template <class Cfg>
 struct SharedStorage {
   alignas(1024) uint16_t a[cosize_v<typename Cfg::RingA>];
   alignas(1024) uint16_t b[cosize_v<typename Cfg::RingB>];
+  alignas(128) uint16_t c[Cfg::kEpiElems];  // staged output tile [kBM][kEpiPitch] (SmemEpi)
   uint64_t full[Cfg::kStages];   // stage landed (TMA transaction bytes)
   uint64_t empty[Cfg::kStages];  // stage free again (every consumer warp done reading)
   uint64_t claim_full[2];        // claim slot written by the producer

@@ -7,7 +7,9 @@
 // the scheduler and broadcasts each claim through a 2-slot shared-memory
 // mailbox; consumers compute "output tile (m, n) of this problem" for every
 // claim they receive. The producer runs ahead into the next tile while the
-// consumers finish and store the current one. Hooks: gemm/tile_hooks.h.
+// consumers finish and store the current one, and with the staged epilogue the
+// stored tile's copies run under the next tile's mainloop. Hooks:
+// gemm/tile_hooks.h.
 #pragma once
 #include "gemm/sm90/barrier.cuh"
 #include "gemm/sm90/epilogue.cuh"
@@ -116,16 +118,58 @@ struct TileEngine {
     if (prev >= 0) release(s, prev);
   }
 
-  // Consumers: compute and store output tile t. ctid is the thread's index
-  // among the consumer threads.
-  static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid) {
+  static constexpr uint32_t kConsumerThreads = 128 * Cfg::kConsumerWGs;
+
+  // A tile whose rows are still being copied out of the staged buffer.
+  struct InFlight {
+    gemm::TileCoord t{0, 0};
+    bool valid = false;
+  };
+
+  // Consumers, before the staged buffer is written again (or at exit): the
+  // copies of the tile in flight have read it and, where the hooks publish
+  // tiles (or at exit), have written global memory; then that tile's
+  // tile_done. Publishing one tile late lets the copies overlap the next
+  // tile's mainloop instead of stalling the tensor cores for their writes.
+  template <bool kExit>
+  static CUTE_DEVICE void retire(Hooks& h, InFlight& f, int ctid) {
+    if constexpr (Hooks::kTileDone || kExit) {
+      bulk_wait_writes();
+    } else {
+      bulk_wait_reads();
+    }
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    if constexpr (Hooks::kTileDone) {
+      if (ctid == 0 && f.valid) h.tile_done(f.t);
+    }
+    f.valid = false;
+  }
+
+  // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
+  // the thread's index among the consumer threads.
+  static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid,
+                                       InFlight& f) {
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(ctid);
     Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
     mainloop(p, s, ring, thr, acc);
+    if constexpr (Cfg::kSmemEpilogue) {
+      if (smem_epilogue(p)) {
+        retire<false>(h, f, ctid);
+        stage_tile<Cfg, OutT>(s, thr, acc);
+        smem_to_async_proxy_fence();
+        named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
+        if (ctid < Cfg::kBM) {
+          copy_out_row<Cfg, OutT>(p, s, h, t, ctid);
+          bulk_commit();
+        }
+        f = InFlight{t, true};
+        return;
+      }
+    }
     store_tile<Cfg, OutT>(p, thr, acc, t, h);
     if constexpr (Hooks::kTileDone) {
-      named_barrier(kConsumerBarrier, 128 * Cfg::kConsumerWGs);  // every store of the tile issued
+      named_barrier(kConsumerBarrier, kConsumerThreads);  // every store of the tile issued
       if (ctid == 0) h.tile_done(t);
     }
   }
@@ -155,16 +199,20 @@ struct TileEngine {
 
   static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int ctid) {
     Ring stages, mailbox;
+    InFlight inflight;
     for (;;) {
       mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full");
       const gemm::TileCoord t = s.claim[mailbox.slot];
       const bool ok = s.claim_valid[mailbox.slot] != 0;
       __syncwarp();  // every lane has read the slot before the warp frees it
       if (threadIdx.x % 32 == 0) mbar_arrive(&s.claim_empty[mailbox.slot]);
-      if (!ok) return;
-      consume_tile(p, s, stages, t, h, ctid);
+      if (!ok) break;
+      consume_tile(p, s, stages, t, h, ctid, inflight);
       mailbox.advance(2);
     }
+    // The staged buffer is shared memory a fused kernel may reuse after the
+    // engine, and the last tile's tile_done is still due.
+    if (smem_epilogue(p)) retire<true>(h, inflight, ctid);
   }
 
   // Entry point for every thread of a CTA of Cfg::kThreads threads. Returns with
