@@ -98,12 +98,11 @@ KOSMOS_DEVICE void cluster_sync() {
 }
 
 // One arrival on the mbarrier at the same shared-memory offset as `bar` in
-// CTA `cta` of this cluster (default .release.cta semantics: what it orders
-// are this warp's completed wgmma reads, before a TMA overwrite).
+// CTA `cta` of this cluster (this CTA included), released at cluster scope.
 KOSMOS_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // Barrier among `threads` threads (a multiple of 32) that use the same id;

@@ -96,10 +96,7 @@ struct TileEngine {
   static CUTE_DEVICE void release(S& s, int slot) {
     if (threadIdx.x % 32 != 0) return;
     if constexpr (Cfg::kClusterM > 1) {
-      mbar_arrive(&s.empty[slot]);
-      const uint32_t me = cluster_ctarank();
-      for (uint32_t c = 0; c < Cfg::kClusterM; ++c)
-        if (c != me) mbar_arrive_cluster(&s.empty[slot], c);
+      for (uint32_t c = 0; c < Cfg::kClusterM; ++c) mbar_arrive_cluster(&s.empty[slot], c);
     } else {
       mbar_arrive(&s.empty[slot]);
     }
