@@ -81,30 +81,6 @@ KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
   }
 }
 
-// Thread blocks clusters (the standalone GEMM's 2-CTA clusters; a launch
-// without clusters is a cluster of one, where these are cheap no-ops in effect).
-KOSMOS_DEVICE uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster: the CTAs' earlier shared-memory
-// writes and mbarrier inits are visible cluster-wide after it, and no CTA
-// leaves while a peer may still arrive on its barriers or write its rings.
-KOSMOS_DEVICE void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// One arrival on the mbarrier at the same shared-memory offset as `bar` in
-// CTA `cta` of this cluster (this CTA included), released at cluster scope.
-KOSMOS_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
 // Barrier among `threads` threads (a multiple of 32) that use the same id;
 // id 0 is __syncthreads, so engines use ids from 1.
 KOSMOS_DEVICE void named_barrier(uint32_t id, uint32_t threads) {

@@ -17,7 +17,6 @@ enum class TileShape : int { k128x256 = 0, k128x128 = 1 };
 constexpr double kSmallTilePenalty = 1.06;  // time of two 128x128 waves / one 128x256 wave
 
 inline TileShape choose_tile(int M, int N, int sms) {
-  if (sms < 2) return TileShape::k128x128;  // 128x256 runs as 2-CTA clusters
   const long waves_big = gemm::ceil_div(gemm::ceil_div(M, 128) * gemm::ceil_div(N, 256), sms);
   const long waves_small = gemm::ceil_div(gemm::ceil_div(M, 128) * gemm::ceil_div(N, 128), sms);
   return waves_small * kSmallTilePenalty < 2.0 * waves_big ? TileShape::k128x128 : TileShape::k128x256;

@@ -45,9 +45,7 @@ struct TileEngine {
     if (threadIdx.x == 0) {
       for (int i = 0; i < kStages; ++i) {
         mbar_init(&s.full[i], 1);  // the producer's arrive_expect_tx
-        // Every consumer warp of every CTA of the cluster: a stage's B half is
-        // multicast into all of them, so all must be done with it.
-        mbar_init(&s.empty[i], Cfg::kConsumerWarps * Cfg::kClusterM);
+        mbar_init(&s.empty[i], Cfg::kConsumerWarps);
       }
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
@@ -57,11 +55,7 @@ struct TileEngine {
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
       prefetch_tma_descriptor(p.tma_b.get_tma_descriptor());
     }
-    if constexpr (Cfg::kClusterM > 1) {
-      cluster_sync();  // a peer's first multicast or release finds our barriers initialised
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
   }
 
   // Producer thread: stream tile t's k-blocks of A and B into the ring.
@@ -72,9 +66,7 @@ struct TileEngine {
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
     // (TMA, k-block) sources and (TMA, stage) destinations; no cluster multicast.
     auto [tAg, tAs] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-    // B: this CTA's 1/kClusterM of the tile, multicast to the whole cluster.
-    auto [tBg, tBs] = tma_partition(p.tma_b, cluster_ctarank(), Layout<Int<Cfg::kClusterM>>{}, group_modes<0, 2>(sB),
-                                    group_modes<0, 2>(gB));
+    auto [tBg, tBs] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     h.before_tile(t);
     const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
     for (int k = 0; k < kblocks; ++k) {
@@ -82,24 +74,15 @@ struct TileEngine {
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
       copy(p.tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
-      if constexpr (Cfg::kClusterM > 1) {
-        copy(p.tma_b.with(s.full[ring.slot], uint16_t((1u << Cfg::kClusterM) - 1)), tBg(_, k), tBs(_, ring.slot));
-      } else {
-        copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
-      }
+      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
       ring.advance(kStages);
     }
   }
 
   // Consumer warp: stage `slot` may be overwritten once this warp's wgmmas
-  // that read it have completed; in a cluster, by any CTA's multicast.
+  // that read it have completed.
   static CUTE_DEVICE void release(S& s, int slot) {
-    if (threadIdx.x % 32 != 0) return;
-    if constexpr (Cfg::kClusterM > 1) {
-      for (uint32_t c = 0; c < Cfg::kClusterM; ++c) mbar_arrive_cluster(&s.empty[slot], c);
-    } else {
-      mbar_arrive(&s.empty[slot]);
-    }
+    if (threadIdx.x % 32 == 0) mbar_arrive(&s.empty[slot]);
   }
 
   // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
@@ -258,7 +241,6 @@ struct TileEngine {
       regs_dealloc<kEvenRegs>();
       named_barrier_arrive(kRegsBackBarrier, Cfg::kThreads);
     }
-    if constexpr (Cfg::kClusterM > 1) cluster_sync();  // peers still release into our barriers
   }
 };
 
