@@ -64,6 +64,7 @@ CASES = [  # (batch, m, k, n, dtype): none a multiple of the 128x256 / 128x128 t
     ((2,), 300, 520, 776, jnp.bfloat16),   # aligned leading dims: Hopper engine
     ((), 1000, 1032, 1288, jnp.bfloat16),  # several tiles each way
     ((), 77, 129, 131, jnp.bfloat16),      # leading dims not multiples of 8: portable engine
+    ((), 300, 130, 264, jnp.bfloat16),     # NN: Hopper engine, 130 output columns: its register-store epilogue
     ((3,), 130, 72, 200, jnp.float32),     # fp32: portable engine, 1e-5
     ((), 99, 40, 136, jnp.float16),
     ((), 5, 8, 16, jnp.bfloat16),          # smaller than one tile
