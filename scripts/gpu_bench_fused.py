@@ -15,6 +15,8 @@ import sys
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# The paper's largest shapes stage or gather GiBs per rank (the default heap is 1 GiB).
+os.environ.setdefault("KOSMOS_HEAP_MB", "16384")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
