@@ -92,7 +92,7 @@ def rs_band_rows(n: int, k: int, itemsize: int = 2) -> int:
   Measured on 2xH200, TP 2, bf16, the paper's 24 shapes (2026-11-30, 343e16f,
   benchmarks/RESULTS.md): band_rows=8 against 1 took the 405B shapes (W 67-218 MB)
   from 0.68-0.91x XLA to 0.94-1.04x and 70B-Down (W 59 MB) from 0.93-0.96x to
-  0.99-1.01x, but cost 3-9% where W fits in L2 (70B-OProj 17 MB, 8B 4-15 MB):
+  0.99-1.01x, but cost 0-9% where W fits in L2 (70B-OProj 17 MB, 8B 4-15 MB):
   taller bands start the reduction later.
   """
   return RS_TALL_BAND_ROWS if n * k * itemsize > RS_TALL_W_BYTES else 1

@@ -150,7 +150,9 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   if m % tp:
     raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
   red = _config.rs_reducers(int(w.shape[0])) if cfg.reducers is None else cfg.reducers
-  bands = _config.rs_band_rows(int(w.shape[1]), int(w.shape[0]), w.dtype.itemsize) if cfg.band_rows is None else cfg.band_rows
+  bands = cfg.band_rows
+  if bands is None:
+    bands = _config.rs_band_rows(int(w.shape[1]), int(w.shape[0]), w.dtype.itemsize)
   y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, reducers=red,
                    stage=cfg.stage, switching=cfg.switching, band_rows=bands)
   return y.reshape(*lead, m // tp, w.shape[1])

@@ -70,15 +70,15 @@ CUTE_DEVICE bool smem_epilogue(const Params<Cfg>& p) {
   }
 }
 
-// Consumer threads: tile accumulators -> the staged tile s.c [kBM][kEpiPitch],
-// in the fragment's two-rows-per-thread order (see store_tile). The pitch keeps
-// a warp's eight rows on disjoint banks.
 // Two adjacent outputs rounded to bf16, as one 4-byte store to a shared address.
 CUTE_DEVICE void st_shared_bf16x2(uint32_t addr, float v0, float v1) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
 
+// Consumer threads: tile accumulators -> the staged tile s.c [kBM][kEpiPitch],
+// in the fragment's two-rows-per-thread order (see store_tile). The pitch keeps
+// a warp's eight rows on disjoint banks.
 template <class Cfg, class OutT, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
