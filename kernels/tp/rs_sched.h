@@ -110,11 +110,12 @@ KOSMOS_HD void rs_reduce_fixed(int tp, uint32_t n, uint32_t first, uint32_t step
   }
 }
 
-// Builds GEMM tile j into staging. The first staging write of a CTA waits until
-// every peer has finished reading our previous epoch (done[p] >= epoch - 1):
-// that wait depends only on last epoch's work, never on this one's.
+// Builds GEMM tile j into staging, without counting it into its band (see
+// rs_tile_done). The first staging write of a CTA waits until every peer has
+// finished reading our previous epoch (done[p] >= epoch - 1): that wait depends
+// only on last epoch's work, never on this one's.
 template <class Ops>
-KOSMOS_HD void rs_build(Ops& ops, const RsShape& s, int j, bool& staging_free) {
+KOSMOS_HD RsTile rs_build_tile(Ops& ops, const RsShape& s, int j, bool& staging_free) {
   const RsTile t = rs_build_item(s, j);
   if (j + 1 == rs_step_end(s, t.band)) ops.mark_step_claimed(t.band);  // claim done, build pending
   if (!staging_free) {
@@ -123,9 +124,23 @@ KOSMOS_HD void rs_build(Ops& ops, const RsShape& s, int j, bool& staging_free) {
     staging_free = true;
   }
   ops.build(t);
-  // band_add is acq_rel: the builder that completes the band has acquired every
-  // other builder's tile stores, so its release of pub[] covers the whole band.
+  return t;
+}
+
+// Counts a staged tile into its band. band_add is acq_rel: the builder that
+// completes the band has acquired every other builder's tile stores, so its
+// release of pub[] covers the whole band. The Hopper engine calls this one tile
+// late (its staged epilogue's copies overlap the next tile): nothing a builder
+// waits for may depend on it.
+template <class Ops>
+KOSMOS_HD void rs_tile_done(Ops& ops, const RsShape& s, const RsTile& t) {
   if (ops.band_add(t.band, t.chunk) + 1 == (uint32_t)rs_band_tiles(s, t.band)) ops.publish(t.band, t.chunk);
+}
+
+// Builds GEMM tile j and counts it at once (portable builders).
+template <class Ops>
+KOSMOS_HD void rs_build(Ops& ops, const RsShape& s, int j, bool& staging_free) {
+  rs_tile_done(ops, s, rs_build_tile(ops, s, j, staging_free));
 }
 
 // Reduces slice q. Before any wait for band b this rank must have claimed all of

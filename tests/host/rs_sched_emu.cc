@@ -125,11 +125,25 @@ struct HostOps {
                        __ATOMIC_RELAXED);
     __atomic_store_n(&me().tag[slot], stage_tag(e, rank, slot), __ATOMIC_RELAXED);
   }
-  // Hopper builders: the engine's producer claims until the queue is empty,
-  // each tile through rs_build's steps (mark step, staging guard, build, band).
+  // Hopper builders, timed as the engine runs them: the producer claims one
+  // tile ahead (marking a step claimed at its claim, RsSm90Sched::next), and the
+  // staged epilogue counts a tile into its band only after the CTA's next tile
+  // is built, or when the engine returns (RsSm90Hooks::tile_done).
   void build_all() {
     bool staging_free = false;
-    for (int j = claim_build(); j < rs_n_build(s); j = claim_build()) rs_build(*this, s, j, staging_free);
+    const int n = rs_n_build(s);
+    RsTile done_due{};
+    bool due = false;
+    for (int next = claim_build(); next < n;) {
+      const int j = next;
+      if (j + 1 == rs_step_end(s, rs_build_item(s, j).band)) mark_step_claimed(rs_build_item(s, j).band);
+      next = claim_build();
+      const RsTile t = rs_build_tile(*this, s, j, staging_free);
+      if (due) rs_tile_done(*this, s, done_due);
+      done_due = t;
+      due = true;
+    }
+    if (due) rs_tile_done(*this, s, done_due);
   }
   void wait_build_claimed(int j) {
     const auto t0 = std::chrono::steady_clock::now();
