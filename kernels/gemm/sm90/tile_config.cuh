@@ -128,8 +128,15 @@ struct SharedStorage {
 
 // The CTA's SharedStorage in dynamic shared memory `raw` (kLaunchBytes long),
 // its base rounded up to the 1024 bytes the swizzled rings need.
+// Dynamic shared memory one sm_90 CTA may opt into (227 KB), less a little for
+// the fused kernels' own static shared state.
+constexpr size_t kSmemOptIn = 227 * 1024;
+constexpr size_t kSmemStaticReserve = 256;
+
 template <class Cfg>
 CUTE_DEVICE SharedStorage<Cfg>& shared_storage(char* raw) {
+  static_assert(SharedStorage<Cfg>::kLaunchBytes + kSmemStaticReserve <= kSmemOptIn,
+                "ring stages + staged output tile exceed the 227 KB of shared memory: fewer stages");
   const auto base = (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023);
   return *reinterpret_cast<SharedStorage<Cfg>*>(base);
 }
