@@ -8,11 +8,17 @@ by the code that wraps its FFI target; until then `fused` raises.
 `auto` picks a fused kernel only if it was registered with `auto=True`: a kernel
 that is correct but not yet faster than XLA's own collective + dot (the reference
 path) must be asked for explicitly, so `auto` never makes a program slower.
+
+The fused FFI primitives have no differentiation rules of their own: `run_fused`
+gives a fused call the derivatives of its reference twin at the same point (forward
+and reverse mode), so `jax.grad` and `jax.jvp` behave as on the twin.
 """
 from __future__ import annotations
 
 import os
 from typing import Callable
+
+import jax
 
 from kosmos_jax import _ext
 
@@ -77,3 +83,26 @@ def auto_note(op: str) -> str:
 
 def fused(op: str) -> Callable:
   return _FUSED[op]
+
+
+def run_fused(op: str, twin: Callable, args: tuple, kwargs: dict):
+  """`op`'s fused kernel on `args` (arrays) with `kwargs` (static), differentiable
+  as `twin(*args)`, the reference twin with its static arguments bound.
+
+  The tangent is the twin's JVP, linear in the tangents and made of JAX ops (dots,
+  collectives), so JAX also transposes it for reverse mode. Under jit the twin's
+  own primal output in that JVP is unused and dropped: a gradient costs the twin's
+  backward, while the forward value is the fused kernel's.
+  """
+  kernel = _FUSED[op]
+
+  @jax.custom_jvp
+  def f(*a):
+    return kernel(*a, **kwargs)
+
+  @f.defjvp
+  def _jvp(primals, tangents):
+    _, tangent = jax.jvp(twin, primals, tangents)
+    return f(*primals), tangent
+
+  return f(*args)

@@ -6,9 +6,11 @@ the benchmarks and the row-parallel weight gradient.
 """
 from __future__ import annotations
 
+import functools
+
 from kosmos_jax import reference
 from kosmos_jax.ops import _checks as chk
-from kosmos_jax.ops._dispatch import choose, fused
+from kosmos_jax.ops._dispatch import choose, run_fused
 from kosmos_jax.reference.matmul import LAYOUTS
 
 
@@ -33,6 +35,7 @@ def matmul(a, b, *, layout: str, impl=None, cu_cap=None):
   _validate(a, b, layout)
   if cu_cap is not None and (not isinstance(cu_cap, int) or cu_cap < 1):
     raise ValueError(f"matmul: cu_cap={cu_cap!r} must be a positive int or None")
+  twin = functools.partial(reference.matmul, layout=layout)
   if choose("matmul", impl) == "fused":
-    return fused("matmul")(a, b, layout=layout, cu_cap=cu_cap)
-  return reference.matmul(a, b, layout=layout)
+    return run_fused("matmul", twin, (a, b), dict(layout=layout, cu_cap=cu_cap))
+  return twin(a, b)

@@ -17,9 +17,11 @@ reference path accepts and ignores it.
 """
 from __future__ import annotations
 
+import functools
+
 from kosmos_jax import reference
 from kosmos_jax.ops import _checks as chk
-from kosmos_jax.ops._dispatch import choose, fused
+from kosmos_jax.ops._dispatch import choose, run_fused
 
 
 def _cap(op: str, cu_cap):
@@ -28,10 +30,10 @@ def _cap(op: str, cu_cap):
 
 
 def _run(op: str, impl, args: tuple, kwargs: dict):
+  twin = functools.partial(getattr(reference, op), **{k: v for k, v in kwargs.items() if k != "cu_cap"})
   if choose(op, impl) == "fused":
-    return fused(op)(*args, **kwargs)
-  kwargs = {k: v for k, v in kwargs.items() if k != "cu_cap"}
-  return getattr(reference, op)(*args, **kwargs)
+    return run_fused(op, twin, args, kwargs)
+  return twin(*args)
 
 
 def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None):

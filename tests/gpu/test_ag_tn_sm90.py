@@ -100,3 +100,26 @@ def test_sm90_scan_200_calls_grid1_and_cap():
 def test_sm90_single_device_group():
   mesh = gpu_mesh(1, hopper=True)
   _check(mesh, fresh((2, 200, 64), BF16), fresh((64, 72), BF16, scale=0.125))
+
+
+def test_grad_through_fused_op():
+  """jax.grad through ops.ag_tn(impl="fused") (the FFI primitive has no derivative
+  rule; ops give it its twin's, tests/test_fused_ad.py): the forward runs the Hopper
+  builders, and dx, dw equal the reference op's gradients."""
+  from kosmos_jax import ops
+  mesh = gpu_mesh(2, hopper=True)
+  x, w = fresh((1, 1024, 512), BF16), fresh((512, 512), BF16, scale=512 ** -0.5)
+  specs, out = (P(None, "tp", None), P(None, "tp")), P(None, None, "tp")
+  cot = fresh((1, 1024, 512), BF16)
+  args = (put(x, mesh, specs[0]), put(w, mesh, specs[1]))
+
+  def grads(impl):
+    f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl=impl), mesh, specs, out)
+    loss = lambda a, b: jnp.vdot(f(a, b).astype(jnp.float32), cot.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1))(*args)
+
+  before = _sm90_runs()
+  got = grads("fused")
+  assert _sm90_runs() - before == 2, "the forward of the fused grad did not run the Hopper builders"
+  for g, r, name in zip(got, grads("reference"), ("dx", "dw")):
+    assert_close(g, r, BF16, what=f"ag_tn fused grad {name}")
