@@ -19,30 +19,30 @@ def _oracle(x, w):
   return np.asarray(jnp.asarray(x, jnp.float32), np.float64) @ np.asarray(jnp.asarray(w, jnp.float32), np.float64)
 
 
-def test_column_parallel_linear_forward_fused():
+def _check_forward_fused(linear, op, x, w, xs, ws, ys):
+  """`linear` with impl="fused" runs `op`'s Hopper builders once per rank and
+  matches impl="reference" and the float64 oracle."""
   mesh = gpu_mesh(2, hopper=True)
-  x, w = fresh((2, 512, 256), BF16), fresh((256, 768), BF16, scale=256 ** -0.5)
-  xs, ws, ys = P(None, "tp", None), P(None, "tp"), P(None, None, "tp")
-  run = lambda impl: shard_map(lambda a, b: tp.column_parallel_linear(a, b, "tp", impl=impl), mesh,
+  run = lambda impl: shard_map(lambda a, b: linear(a, b, "tp", impl=impl), mesh,
                                in_specs=(xs, ws), out_specs=ys)(put(x, mesh, xs), put(w, mesh, ws))
-  before = builder_runs()["ag_tn"]["sm90"]
+  before = builder_runs()[op]["sm90"]
   y = run("fused")
-  assert builder_runs()["ag_tn"]["sm90"] - before == 2
-  assert_close(y, run("reference"), BF16, what="column linear fused vs reference")
-  assert_close(y, _oracle(x, w), BF16, what="column linear fused vs oracle")
+  assert builder_runs()[op]["sm90"] - before == 2
+  name = linear.__name__.replace("_parallel_linear", "")
+  assert_close(y, run("reference"), BF16, what=f"{name} linear fused vs reference")
+  assert_close(y, _oracle(x, w), BF16, what=f"{name} linear fused vs oracle")
+
+
+def test_column_parallel_linear_forward_fused():
+  x, w = fresh((2, 512, 256), BF16), fresh((256, 768), BF16, scale=256 ** -0.5)
+  _check_forward_fused(tp.column_parallel_linear, "ag_tn", x, w, P(None, "tp", None), P(None, "tp"),
+                       P(None, None, "tp"))
 
 
 def test_row_parallel_linear_forward_fused():
-  mesh = gpu_mesh(2, hopper=True)
   x, w = fresh((2, 512, 512), BF16), fresh((512, 256), BF16, scale=512 ** -0.5)
-  xs, ws, ys = P(None, None, "tp"), P("tp", None), P(None, "tp", None)
-  run = lambda impl: shard_map(lambda a, b: tp.row_parallel_linear(a, b, "tp", impl=impl), mesh,
-                               in_specs=(xs, ws), out_specs=ys)(put(x, mesh, xs), put(w, mesh, ws))
-  before = builder_runs()["tn_rs"]["sm90"]
-  y = run("fused")
-  assert builder_runs()["tn_rs"]["sm90"] - before == 2
-  assert_close(y, run("reference"), BF16, what="row linear fused vs reference")
-  assert_close(y, _oracle(x, w), BF16, what="row linear fused vs oracle")
+  _check_forward_fused(tp.row_parallel_linear, "tn_rs", x, w, P(None, None, "tp"), P("tp", None),
+                       P(None, "tp", None))
 
 
 def test_fused_backward_says_what_is_missing():
