@@ -9,7 +9,8 @@ C[M, N] = sum_K; kernels/gemm/tile_problem.h names the same engine terms):
 (for NT the contraction K is the token rows; M and N are the weight's dims).
 
 Timing: harness.time_fn (warm-up, pipelined calls synced once per rep, median),
-inputs rotated past the L2. Ratio = cuBLAS time / kosmos time (> 1: faster);
+inputs rotated past the L2; cuBLAS is timed before and after the kosmos arms and
+its faster median kept. Ratio = cuBLAS time / kosmos time (> 1: faster);
 cap fraction = kosmos full-GPU time / kosmos time under the cap (ideal cap/132).
 
   python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 5] [--cap-reps 3]
@@ -81,17 +82,22 @@ def bench_shape(layout, sh, caps, reps, cap_reps):
   t = lambda fn, r: harness.time_fn(fn, sets, warmup=2, calls=calls, reps=r)
   base = dict(layout=layout, shape=sh["name"], M=M, N=N, K=K)
   ref_fn = xla_dot(layout)
-  t_xla = t(ref_fn, reps)
-  rows = [dict(base, arm="xla_cublas", cu_cap=0, median_ms=t_xla.median_ms, min_ms=t_xla.min_ms,
-               tflops=flop / t_xla.median_ms * 1e-9, ratio_vs_cublas=1.0, cap_fraction="", engine="cublas",
-               rel_err_vs_cublas="")]
-  full = None
+  t_xla0 = t(ref_fn, reps)
+  kosmos_runs = []
   for cap in (None, *caps):
     fn = kosmos(layout, cap)
     before = engine_runs()
     tk = t(fn, reps if cap is None else cap_reps)
-    after = engine_runs()
-    engine = "+".join(e for e in after if after[e] != before[e])
+    kosmos_runs.append((cap, fn, tk, "+".join(e for e, n in engine_runs().items() if n != before[e])))
+  # cuBLAS again after ours, keeping its faster median: a clock that drifts
+  # during the shape cannot flatter the kosmos arm.
+  t_xla1 = t(ref_fn, reps)
+  t_xla = min(t_xla0, t_xla1, key=lambda x: x.median_ms)
+  rows = [dict(base, arm="xla_cublas", cu_cap=0, median_ms=t_xla.median_ms, min_ms=t_xla.min_ms,
+               tflops=flop / t_xla.median_ms * 1e-9, ratio_vs_cublas=1.0, cap_fraction="", engine="cublas",
+               rel_err_vs_cublas="")]
+  full = None
+  for cap, fn, tk, engine in kosmos_runs:
     err = rel_err(fn(*sets[0]), ref_fn(*sets[0])) if cap is None else ""
     full = tk.median_ms if cap is None else full
     rows.append(dict(base, arm="kosmos", cu_cap=cap or 0, median_ms=tk.median_ms, min_ms=tk.min_ms,

@@ -21,8 +21,10 @@ namespace ffi = xla::ffi;
 namespace kosmos {
 namespace {
 
-enum Engine : int { kSm90Wide = 0, kSm90Narrow = 1, kPortable = 2 };
-std::atomic<long long> g_runs[3];
+// Launch counters: one per Hopper tile shape (indexed by sm90::TileShape), then
+// the portable engine.
+constexpr int kPortable = sm90::kTileShapes;
+std::atomic<long long> g_runs[sm90::kTileShapes + 1];
 constexpr int kMaxDevices = 64;
 
 // SM count of `ordinal` and whether sm_90a code runs on it (exactly cc 9.0),
@@ -76,6 +78,25 @@ cudaError_t sm90_launch(gemm::Layout l, sm90::TileShape t, const gemm::Problem& 
   return sm90_gemm_nt(t, p, grid, s);
 }
 
+// KOSMOS_SM90_TILE=<tile_name>: the Hopper tile shape every kosmos_matmul
+// launch uses instead of choose_tile's (benchmarks compare shapes with it);
+// read once.
+int forced_tile() {
+  static const int forced = [] {
+    const char* v = std::getenv("KOSMOS_SM90_TILE");
+    for (int t = 0; v != nullptr && t < sm90::kTileShapes; ++t)
+      if (std::string(v) == sm90::tile_name(static_cast<sm90::TileShape>(t))) return t;
+    return -1;
+  }();
+  return forced;
+}
+
+sm90::TileShape pick_tile(const gemm::Problem& p, int grid) {
+  const int f = forced_tile();
+  if (f >= 0) return static_cast<sm90::TileShape>(f);
+  return sm90::choose_tile(p.M, p.N, grid);
+}
+
 // Engine problem of the 2-D operands (M, N, K as in tile_problem.h), or why not.
 std::string engine_problem(gemm::Layout l, ffi::AnyBuffer a, ffi::AnyBuffer b, gemm::Problem* p) {
   auto ad = a.dimensions(), bd = b.dimensions();
@@ -98,9 +119,11 @@ std::string engine_problem(gemm::Layout l, ffi::AnyBuffer a, ffi::AnyBuffer b, g
 }  // namespace
 
 std::vector<std::pair<std::string, long long>> matmul_engine_runs() {
-  return {{"sm90_128x256", g_runs[kSm90Wide].load()},
-          {"sm90_128x128", g_runs[kSm90Narrow].load()},
-          {"portable", g_runs[kPortable].load()}};
+  std::vector<std::pair<std::string, long long>> out;
+  for (int t = 0; t < sm90::kTileShapes; ++t)
+    out.emplace_back(std::string("sm90_") + sm90::tile_name(static_cast<sm90::TileShape>(t)), g_runs[t].load());
+  out.emplace_back("portable", g_runs[kPortable].load());
+  return out;
 }
 
 }  // namespace kosmos
@@ -137,10 +160,10 @@ static ffi::Error MatmulCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
       return CudaFail("poisoning the output", ordinal, e);
   const int grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
   cudaError_t e = cudaSuccess;
-  Engine ran = kPortable;
+  int ran = kPortable;
   if (dt == ffi::DataType::BF16 && is_sm90 && !sm90::unsupported(p, l)) {
-    const sm90::TileShape t = sm90::choose_tile(p.M, p.N, grid);
-    ran = t == sm90::TileShape::k128x256 ? kSm90Wide : kSm90Narrow;
+    const sm90::TileShape t = pick_tile(p, grid);
+    ran = static_cast<int>(t);
     e = sm90_launch(l, t, p, grid, stream);
   } else if (dt == ffi::DataType::BF16) {
     e = portable_launch<gemm::bf16>(l, p, grid, stream);

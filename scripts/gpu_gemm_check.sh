@@ -24,11 +24,14 @@ fi
 
 # -gencode form: the -arch=sm_90a shorthand also runs a plain sm_90 pass that rejects wgmma (HOPPER.md).
 FLAGS="-gencode=arch=compute_90a,code=sm_90a -std=c++17 --expt-relaxed-constexpr -O3 -Xptxas -v
-       -I$CUTLASS_INCLUDE -Ikernels -Ikernels/include"
+       -I$CUTLASS_INCLUDE -Ikernels -Ikernels/include -Icsrc"
 t0=$(date +%s)
 pids=()
-for f in main bench portable sm90_tn sm90_nn sm90_nt; do
-  nvcc $FLAGS -c $SRC/$f.cu -o $BUILD/$f.o > "$OUT/build_$f.log" 2>&1 & pids+=($!)
+rm -f $BUILD/*.o
+# The bf16 Hopper configurations are the library's own translation units.
+for f in $SRC/main $SRC/bench $SRC/portable $SRC/sm90_f32 csrc/matmul_sm90_tn csrc/matmul_sm90_nn csrc/matmul_sm90_nt; do
+  n=$(basename $f)
+  nvcc $FLAGS -c $f.cu -o $BUILD/$n.o > "$OUT/build_$n.log" 2>&1 & pids+=($!)
 done
 fail=0
 for p in "${pids[@]}"; do wait $p || fail=1; done
@@ -36,7 +39,7 @@ if [ $fail = 1 ]; then echo "BUILD FAILED"; grep -h -B2 -A8 "error" "$OUT"/build
 nvcc -gencode=arch=compute_90a,code=sm_90a $BUILD/*.o -lcublas -o $BUILD/gemm_bench > "$OUT/build_link.log" 2>&1 \
   || { echo "LINK FAILED"; cat "$OUT/build_link.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-grep -h "registers\|stack\|C75" "$OUT"/build_sm90_*.log | sort | uniq -c
+grep -h "registers\|stack\|C75" "$OUT"/build_*sm90_*.log | sort | uniq -c
 
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/env.log" 2>&1
 timeout 180 $BUILD/gemm_bench check 2>&1 | tee "$OUT/check.log"

@@ -1,28 +1,32 @@
-// Entry points of the engines the standalone driver exercises; each lives in
-// its own translation unit so the heavy CuTe instantiations compile in parallel.
+// Entry points of the engines the standalone driver exercises. The bf16 Hopper
+// configurations are the library's (csrc/matmul_sm90.h), so the driver times
+// exactly what kosmos_matmul launches.
 #pragma once
 #include <cuda_runtime.h>
 
 #include "gemm/tile_problem.h"
+#include "matmul_sm90.h"
 
 namespace bench {
 
-// Hopper engine tile shapes under test.
-enum class Tile : int { k128x256 = 0, k128x128 = 1 };
-inline const char* tile_name(Tile t) { return t == Tile::k128x256 ? "128x256" : "128x128"; }
+using Tile = kosmos::sm90::TileShape;
+using kosmos::sm90::tile_name;
 
-// C is bf16 unless fp32_out (then fp32 partials; built for TN 128x256 only,
-// others return cudaErrorNotSupported).
-cudaError_t sm90_tn(Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
-cudaError_t sm90_nn(Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
-cudaError_t sm90_nt(Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
+// fp32 partials: TN 128x256 only.
+cudaError_t sm90_tn_f32(const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
 
+// Experiment: TN 128x256, 4 stages, register-store epilogue (bf16 out).
+cudaError_t sm90_tn_reg4(const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
+
+// C is bf16 unless fp32_out (then TN 128x256 only; others return cudaErrorNotSupported).
 inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid,
                         cudaStream_t s) {
+  if (fp32_out)
+    return l == kosmos::gemm::Layout::TN && t == Tile::k128x256 ? sm90_tn_f32(p, grid, s) : cudaErrorNotSupported;
   switch (l) {
-    case kosmos::gemm::Layout::TN: return sm90_tn(t, fp32_out, p, grid, s);
-    case kosmos::gemm::Layout::NN: return sm90_nn(t, fp32_out, p, grid, s);
-    default: return sm90_nt(t, fp32_out, p, grid, s);
+    case kosmos::gemm::Layout::TN: return kosmos::sm90_gemm_tn(t, p, grid, s);
+    case kosmos::gemm::Layout::NN: return kosmos::sm90_gemm_nn(t, p, grid, s);
+    default: return kosmos::sm90_gemm_nt(t, p, grid, s);
   }
 }
 

@@ -93,7 +93,7 @@ bool run_check(const CheckCase& cc, cublasHandle_t h, uint64_t seed, cudaStream_
   const double tol = cc.f32 ? 1e-5 : 1e-2;
   const bool pass = blas_ok && orel < 1e-5 && eo.nonfinite == 0 && e.nonfinite == 0 && guard == 0 && same &&
                     rel < tol && std::isfinite(rel);
-  printf("check %s %-7s %s M=%5d N=%5d K=%5d grid=%4d  rel=%.3e (tol %.0e) unwritten=%llu guard=%llu "
+  printf("check %s %-11s %s M=%5d N=%5d K=%5d grid=%4d  rel=%.3e (tol %.0e) unwritten=%llu guard=%llu "
          "deterministic=%d oracle_vs_cublas=%.2e  %s\n",
          layout_name(cc.l), tile_name(cc.tile), cc.f32 ? "f32 " : "bf16", cc.M, cc.N, cc.K, cc.grid, rel, tol,
          e.nonfinite, guard, (int)same, orel, pass ? "PASS" : "FAIL");
@@ -106,18 +106,20 @@ int check_all(cublasHandle_t h, cudaStream_t s) {
   // Sizes: multiples of 8 where TMA needs them (leading dims), otherwise odd;
   // none a multiple of the tile except the long-K case.
   std::vector<CheckCase> cases;
-  for (Tile t : {Tile::k128x256, Tile::k128x128}) {
+  for (int ti = 0; ti < kosmos::sm90::kTileShapes; ++ti) {
+    const Tile t = static_cast<Tile>(ti);
     cases.push_back({Layout::TN, 999, 776, 520, t, false, 0});
     cases.push_back({Layout::NN, 999, 777, 520, t, false, 0});
     cases.push_back({Layout::NT, 1000, 776, 517, t, false, 0});
+    cases.push_back({Layout::TN, 1100, 1000, 600, t, false, 0});
     for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) cases.push_back({l, 256, 512, 4096, t, false, 0});
     for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) cases.push_back({l, 1536, 1280, 1000, t, false, 0});
+    cases.push_back({Layout::NT, 1000, 776, 517, t, false, 3});
+    cases.push_back({Layout::TN, 1536, 1280, 1000, t, false, 1});  // one CTA does every tile
+    cases.push_back({Layout::NN, 64, 64, 64, t, false, 0});      // smaller than one tile
   }
   cases.push_back({Layout::TN, 999, 776, 520, Tile::k128x256, true, 0});
   cases.push_back({Layout::TN, 1536, 1280, 1000, Tile::k128x256, true, 0});
-  cases.push_back({Layout::TN, 1536, 1280, 1000, Tile::k128x256, false, 1});  // one CTA does every tile
-  cases.push_back({Layout::NT, 1000, 776, 517, Tile::k128x256, false, 3});
-  cases.push_back({Layout::NN, 64, 64, 64, Tile::k128x256, false, 0});        // smaller than one tile
   int fails = 0;
   uint64_t seed = 0x1234u ^ (uint64_t)time(nullptr);
   for (const auto& c : cases) fails += !run_check(c, h, ++seed, s);

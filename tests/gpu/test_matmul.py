@@ -11,7 +11,7 @@ from kosmos_jax import ops, reference
 from kosmos_jax.ops._fused_gemm import engine_runs
 from helpers import P, assert_close, fresh, put, shard_map
 
-SM90 = ("sm90_128x256", "sm90_128x128")
+SM90 = ("sm90_128x256", "sm90_128x128", "sm90_128x192")
 
 
 def _gpu():
@@ -105,6 +105,23 @@ def test_large_multi_wave():
     _check(layout, (), 4096, 2048 if layout != "NT" else 4096, 4096, jnp.bfloat16)
 
 
+# (layout, m, k, n) in ops.matmul's terms whose engine problem is 8192 x 768 (or
+# 768 x 4096 for NT): 8B-QKV's thin output, where choose_tile picks 128x192.
+THIN = [("TN", 8192, 192, 768), ("NN", 8192, 768, 192), ("NT", 192, 768, 4096)]
+
+
+@pytest.mark.parametrize("layout,m,k,n", THIN)
+def test_thin_output_runs_128x192(layout, m, k, n):
+  a, b = _operands(layout, (), m, k, n, jnp.bfloat16)
+  y, ran = _run(a, b, layout)
+  if getattr(_gpu(), "compute_capability", "") != "9.0":
+    pytest.skip("128x192 is a Hopper engine shape")
+  # The wave model's pick depends on the SM count; 132 is the H100/H200 SXM's.
+  want = ("sm90_128x192",) if getattr(_gpu(), "core_count", 132) == 132 else SM90
+  assert len(ran) == 1 and ran[0] in want, (ran, want)
+  assert_close(y, _twin_f32(a, b, layout), jnp.bfloat16, what=f"{layout} thin output")
+
+
 def test_inside_shard_map():
   """Per-device call under shard_map over every GPU (rows sharded, b replicated)."""
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
@@ -115,3 +132,29 @@ def test_inside_shard_map():
                 in_specs=(P("x"), P()), out_specs=P("x"))
   y = f(put(a, mesh, P("x")), put(b, mesh, P()))
   assert_close(y, _twin_f32(a, b, "TN"), jnp.bfloat16, what="TN in shard_map")
+
+
+def test_forced_tile_shape():
+  """KOSMOS_SM90_TILE forces the Hopper tile shape (read once per process, so a
+  fresh interpreter): a problem the wave model gives 128x256 runs 128x128."""
+  import os
+  import subprocess
+  import sys
+  if getattr(_gpu(), "compute_capability", "") != "9.0":
+    pytest.skip("tile shapes are the Hopper engine's")
+  code = (
+      "import jax, jax.numpy as jnp\n"
+      "from kosmos_jax import ops\n"
+      "from kosmos_jax.ops._fused_gemm import engine_runs\n"
+      "a = jax.random.normal(jax.random.key(0), (4096, 512), jnp.float32).astype(jnp.bfloat16)\n"
+      "b = jax.random.normal(jax.random.key(1), (512, 4096), jnp.float32).astype(jnp.bfloat16)\n"
+      "y = ops.matmul(a, b, layout='TN', impl='fused').block_until_ready()\n"
+      "ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision='highest')\n"
+      "err = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))\n"
+      "print('RUNS', sorted(k for k, v in engine_runs().items() if v), 'ERR', err)\n")
+  env = dict(os.environ, KOSMOS_SM90_TILE="128x128", KOSMOS_POISON_OUTPUT="1")
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  line = [l for l in r.stdout.splitlines() if l.startswith("RUNS")][-1]
+  assert "['sm90_128x128']" in line, line
+  assert float(line.split("ERR")[1]) < 1e-2, line

@@ -2,24 +2,43 @@
 // (a closed-form wave model). Plain C++ (no CuTe) so the host launcher, an FFI
 // handler and CPU tests share it.
 //
-// A persistent grid runs ceil(tiles / SMs) waves; a wave of 128x128 tiles
-// does half the work of a wave of 128x256 tiles and, measured on H200
-// (2026-11-30, benchmarks/gemm_standalone), runs at ~0.94x its efficiency.
-// Narrow N (few tiles per wave) therefore favours 128x128; large problems,
-// whose last wave is a small fraction, favour 128x256.
+// A persistent grid runs ceil(tiles / grid) waves. A wave of narrower tiles
+// does less work and runs at a lower efficiency, but wastes less of the last
+// wave where there are few tiles (8B-QKV: 96 tiles of 128x256 on 132 SMs).
 #pragma once
 #include "gemm/tile_problem.h"
 
 namespace kosmos::sm90 {
 
-enum class TileShape : int { k128x256 = 0, k128x128 = 1 };
+enum class TileShape : int { k128x256 = 0, k128x128 = 1, k128x192 = 2 };
+constexpr int kTileShapes = 3;
 
-constexpr double kSmallTilePenalty = 1.06;  // time of two 128x128 waves / one 128x256 wave
+constexpr int tile_n(TileShape t) { return t == TileShape::k128x128 ? 128 : t == TileShape::k128x192 ? 192 : 256; }
 
-inline TileShape choose_tile(int M, int N, int sms) {
-  const long waves_big = gemm::ceil_div(gemm::ceil_div(M, 128) * gemm::ceil_div(N, 256), sms);
-  const long waves_small = gemm::ceil_div(gemm::ceil_div(M, 128) * gemm::ceil_div(N, 128), sms);
-  return waves_small * kSmallTilePenalty < 2.0 * waves_big ? TileShape::k128x128 : TileShape::k128x256;
+inline const char* tile_name(TileShape t) {
+  return t == TileShape::k128x256 ? "128x256" : t == TileShape::k128x128 ? "128x128" : "128x192";
+}
+
+// Throughput of each shape's full waves relative to 128x256 (work per wave /
+// time), indexed by TileShape: fitted to all 72 paper shapes on H200
+// (2026-12-01, benchmarks/gemm_standalone, benchmarks/RESULTS.md), where it
+// picks the fastest measured shape to within 1% geomean per layout.
+constexpr double kWaveEfficiency[kTileShapes] = {1.0, 0.84, 0.94};
+
+// Predicted time of a problem on `grid` CTAs, in units of one 128x256 wave:
+// ceil(tiles / grid) waves, each costing its tile area over its efficiency.
+inline double predicted_waves(TileShape t, int M, int N, int grid) {
+  const long tiles = (long)gemm::ceil_div(M, 128) * gemm::ceil_div(N, tile_n(t));
+  const long waves = (tiles + grid - 1) / grid;
+  return waves * (tile_n(t) / 256.0) / kWaveEfficiency[(int)t];
+}
+
+// The shape of least predicted time (ties: the wider tile).
+inline TileShape choose_tile(int M, int N, int grid) {
+  TileShape best = TileShape::k128x256;
+  for (TileShape t : {TileShape::k128x192, TileShape::k128x128})
+    if (predicted_waves(t, M, N, grid) < predicted_waves(best, M, N, grid)) best = t;
+  return best;
 }
 
 // Why a problem cannot run on this engine, or nullptr. TMA needs 16-byte
