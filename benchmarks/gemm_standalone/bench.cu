@@ -100,8 +100,6 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
   }
   for (int ti = 0; ti < kTiles; ++ti)
     if (t[1][ti] < t[1][best]) best = ti;
-  const float t_reg4 = sh.l == Layout::TN
-      ? median_ms([&](int i) { CK(sm90_tn_reg4(prob(i, c), 0, s)); }, sets, s, kBurst) : 0.f;
   // Correctness of every timed configuration against cuBLAS on the last set.
   const int last = (kWarmup + kIters - 1) % sets;
   CK(cublas_gemm(h, sh.l, prob(last, cref), CUDA_R_16BF) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
@@ -126,7 +124,6 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
     for (int ti = 0; ti < kTiles; ++ti) printf(" %s %.3f", tile_name((Tile)ti), t_blas[mode] / t[mode][ti]);
     printf(" | best %s %5.0f TF heuristic %s %.3f  max_rel_vs_cublas %.2e unwritten %llu", tile_name((Tile)best),
            flop / t[mode][best] * 1e-9, tile_name((Tile)heur), t_blas[mode] / t[mode][heur], worst_err, unwritten);
-    if (mode && t_reg4 > 0) printf(" | 128x256 4-stage register epilogue %.3f", t_blas[1] / t_reg4);
     printf("\n");
   }
   fflush(stdout);

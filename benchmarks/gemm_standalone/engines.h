@@ -15,9 +15,6 @@ using kosmos::sm90::tile_name;
 // fp32 partials: TN 128x256 only.
 cudaError_t sm90_tn_f32(const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
 
-// Experiment: TN 128x256, 4 stages, register-store epilogue (bf16 out).
-cudaError_t sm90_tn_reg4(const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
-
 // C is bf16 unless fp32_out (then TN 128x256 only; others return cudaErrorNotSupported).
 inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid,
                         cudaStream_t s) {

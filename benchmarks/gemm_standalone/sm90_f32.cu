@@ -11,13 +11,4 @@ cudaError_t sm90_tn_f32(const kosmos::gemm::Problem& p, int grid, cudaStream_t s
   return kosmos::sm90::launch_gemm<TileConfig<kosmos::gemm::Layout::TN, 128, 256, 4, false>, float>(p, grid, s);
 }
 
-// Experiment (bench only): 128x256 bf16 with 4 stages and the register-store
-// epilogue, against the library's 3 stages beside a staged output tile: does
-// the fourth stage of latency hiding buy more than the overlapped epilogue?
-cudaError_t sm90_tn_reg4(const kosmos::gemm::Problem& p, int grid, cudaStream_t s) {
-  using kosmos::sm90::TileConfig;
-  return kosmos::sm90::launch_gemm<TileConfig<kosmos::gemm::Layout::TN, 128, 256, 4, false>, kosmos::gemm::bf16>(
-      p, grid, s);
-}
-
 }  // namespace bench
