@@ -80,21 +80,23 @@ cudaError_t sm90_launch(gemm::Layout l, sm90::TileShape t, const gemm::Problem& 
 
 // KOSMOS_SM90_TILE=<tile_name>: the Hopper tile shape every kosmos_matmul
 // launch uses instead of choose_tile's (benchmarks compare shapes with it);
-// read once.
+// read once. -1: not set; -2: set to a name that is no tile shape.
 int forced_tile() {
   static const int forced = [] {
     const char* v = std::getenv("KOSMOS_SM90_TILE");
-    for (int t = 0; v != nullptr && t < sm90::kTileShapes; ++t)
+    if (v == nullptr || *v == 0) return -1;
+    for (int t = 0; t < sm90::kTileShapes; ++t)
       if (std::string(v) == sm90::tile_name(static_cast<sm90::TileShape>(t))) return t;
-    return -1;
+    return -2;
   }();
   return forced;
 }
 
-sm90::TileShape pick_tile(const gemm::Problem& p, int grid) {
-  const int f = forced_tile();
-  if (f >= 0) return static_cast<sm90::TileShape>(f);
-  return sm90::choose_tile(p.M, p.N, grid);
+std::string tile_names() {
+  std::string s;
+  for (int t = 0; t < sm90::kTileShapes; ++t)
+    s += (t ? ", " : "") + std::string(sm90::tile_name(static_cast<sm90::TileShape>(t)));
+  return s;
 }
 
 // Engine problem of the 2-D operands (M, N, K as in tile_problem.h), or why not.
@@ -162,7 +164,11 @@ static ffi::Error MatmulCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
   cudaError_t e = cudaSuccess;
   int ran = kPortable;
   if (dt == ffi::DataType::BF16 && is_sm90 && !sm90::unsupported(p, l)) {
-    const sm90::TileShape t = pick_tile(p, grid);
+    const int forced = forced_tile();
+    if (forced == -2)
+      return Fail(std::string("KOSMOS_SM90_TILE=") + std::getenv("KOSMOS_SM90_TILE") +
+                  " is not a tile shape; use one of " + tile_names() + " or unset it");
+    const sm90::TileShape t = forced >= 0 ? static_cast<sm90::TileShape>(forced) : sm90::choose_tile(p.M, p.N, grid);
     ran = static_cast<int>(t);
     e = sm90_launch(l, t, p, grid, stream);
   } else if (dt == ffi::DataType::BF16) {

@@ -155,8 +155,8 @@ int bench_file(const char* path, cublasHandle_t h, cudaStream_t s) {
   for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) {
     const auto& x = r[(int)l];
     if (x.best.empty()) continue;
-    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): best-tile %.3f  heuristic %.3f |", bench::layout_name(l),
-           x.best.size(), bench::kBurst, geo(x.best), geo(x.heur));
+    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): best-tile %.3f  heuristic %.3f |",
+           bench::layout_name(l), x.best.size(), bench::kBurst, geo(x.best), geo(x.heur));
     for (int ti = 0; ti < bench::kTiles; ++ti) printf(" %s %.3f", bench::tile_name((bench::Tile)ti), geo(x.tile[ti]));
     printf("\n");
   }

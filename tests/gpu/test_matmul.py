@@ -158,3 +158,8 @@ def test_forced_tile_shape():
   line = [l for l in r.stdout.splitlines() if l.startswith("RUNS")][-1]
   assert "['sm90_128x128']" in line, line
   assert float(line.split("ERR")[1]) < 1e-2, line
+  # A name that is no tile shape fails the call and names the valid ones.
+  bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOSMOS_SM90_TILE="64x64"), capture_output=True,
+                       text=True, timeout=300)
+  assert bad.returncode != 0 and "KOSMOS_SM90_TILE=64x64 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
+  assert "128x192" in bad.stderr, bad.stderr[-3000:]

@@ -26,7 +26,8 @@ void check_order(int tm, int tn, int group, int grid) {
     StaticScheduler s(SwizzledOrder{tm, tn, group}, b, grid);
     for (TileCoord t{0, 0}; s.next(t);) {
       if (t.m < 0 || t.m >= tm || t.n < 0 || t.n >= tn) {
-        if (++failures <= 20) std::printf("FAIL claim (%d,%d) outside %dx%d (group %d grid %d)\n", t.m, t.n, tm, tn, group, grid);
+        if (++failures <= 20)
+          std::printf("FAIL claim (%d,%d) outside %dx%d (group %d grid %d)\n", t.m, t.n, tm, tn, group, grid);
         continue;
       }
       ++seen[t.m * tn + t.n];
