@@ -10,10 +10,12 @@
 
 namespace kosmos {
 
-// C = A.B of `p` with tile shape `t` on `grid` CTAs (<= 0: one per SM).
-// cudaErrorInvalidValue when sm90::unsupported(p, layout) says why not.
-cudaError_t sm90_gemm_tn(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s);
-cudaError_t sm90_gemm_nn(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s);
-cudaError_t sm90_gemm_nt(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s);
+// C = A.B of `p` as `plan` says (one launch, or a head and a tail launch: see
+// sm90::Plan) on `grid` CTAs (<= 0: one per SM). cudaErrorInvalidValue when
+// sm90::unsupported(p, layout) says why not, or for a head_rows that is not a
+// positive multiple of 128.
+cudaError_t sm90_gemm_tn(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s);
+cudaError_t sm90_gemm_nn(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s);
+cudaError_t sm90_gemm_nt(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s);
 
 }  // namespace kosmos

@@ -2,7 +2,7 @@
 #include "matmul_sm90.cuh"
 
 namespace kosmos {
-cudaError_t sm90_gemm_nt(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s) {
-  return sm90_gemm_launch<gemm::Layout::NT>(t, p, grid, s);
+cudaError_t sm90_gemm_nt(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s) {
+  return sm90_gemm_launch<gemm::Layout::NT>(plan, p, grid, s);
 }
 }  // namespace kosmos

@@ -2,7 +2,7 @@
 #include "matmul_sm90.cuh"
 
 namespace kosmos {
-cudaError_t sm90_gemm_tn(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s) {
-  return sm90_gemm_launch<gemm::Layout::TN>(t, p, grid, s);
+cudaError_t sm90_gemm_tn(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s) {
+  return sm90_gemm_launch<gemm::Layout::TN>(plan, p, grid, s);
 }
 }  // namespace kosmos

@@ -68,7 +68,8 @@ void warm_up(cublasHandle_t h, cudaStream_t s) {
 }
 
 struct Ratios {
-  std::vector<double> best, heur, tile[kTiles];  // cuBLAS time / ours: best tile, choose_tile's, each tile
+  // cuBLAS time / ours: best tile, choose_tile's, plan_gemm's (split or not), each tile.
+  std::vector<double> best, heur, plan, tile[kTiles];
 };
 
 // cuBLAS is timed before and after our engine and the faster median kept, so
@@ -88,14 +89,19 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
   auto prob = [&](int i, void* o) { return Problem{a[i], b[i], o, sh.M, sh.N, sh.K}; };
   cublasSetStream(h, s);
   auto blas = [&](int i) { cublas_gemm(h, sh.l, prob(i, cref), CUDA_R_16BF); };
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev)); CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const kosmos::sm90::Plan plan = kosmos::sm90::plan_gemm(sh.M, sh.N, sh.K, sms);
+  const bool split = plan.head_rows < sh.M;
   // [0]: calls timed alone, [1]: bursts of kBurst back-to-back calls.
-  float t_blas[2], t[2][kTiles];
+  float t_blas[2], t[2][kTiles], t_split[2] = {0, 0};
   int best = 0;
   for (int mode = 0; mode < 2; ++mode) {
     const int burst = mode ? kBurst : 1;
     const float before = median_ms(blas, sets, s, burst);
     for (int ti = 0; ti < kTiles; ++ti)
       t[mode][ti] = median_ms([&](int i) { CK(sm90(sh.l, (Tile)ti, false, prob(i, c), 0, s)); }, sets, s, burst);
+    if (split) t_split[mode] = median_ms([&](int i) { CK(sm90_plan(sh.l, plan, prob(i, c), 0, s)); }, sets, s, burst);
     t_blas[mode] = std::min(before, median_ms(blas, sets, s, burst));
   }
   for (int ti = 0; ti < kTiles; ++ti)
@@ -105,18 +111,17 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
   CK(cublas_gemm(h, sh.l, prob(last, cref), CUDA_R_16BF) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
   double worst_err = 0;
   unsigned long long unwritten = 0;
-  for (int ti = 0; ti < kTiles; ++ti) {
+  for (int ti = 0; ti < kTiles + split; ++ti) {
     CK(cudaMemsetAsync(c, 0xFF, nc * 2, s));
-    CK(sm90(sh.l, (Tile)ti, false, prob(last, c), 0, s));
+    CK(ti < kTiles ? sm90(sh.l, (Tile)ti, false, prob(last, c), 0, s) : sm90_plan(sh.l, plan, prob(last, c), 0, s));
     const ErrSums e = rel_error(c, cref, nc, s);
     worst_err = std::max(worst_err, std::sqrt(e.diff2 / e.ref2));
     unwritten += e.nonfinite;
   }
   const double flop = 2.0 * sh.M * sh.N * (double)sh.K;
-  int dev = 0, sms = 0;
-  CK(cudaGetDevice(&dev)); CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int heur = (int)kosmos::sm90::choose_tile(sh.M, sh.N, sms);
   out.best.push_back(t_blas[1] / t[1][best]); out.heur.push_back(t_blas[1] / t[1][heur]);
+  out.plan.push_back(t_blas[1] / (split ? t_split[1] : t[1][heur]));
   for (int ti = 0; ti < kTiles; ++ti) out.tile[ti].push_back(t_blas[1] / t[1][ti]);
   for (int mode = 0; mode < 2; ++mode) {
     printf("bench %-5s %-16s %s M=%6d N=%6d K=%6d cublas %7.3f ms %5.0f TF |", mode ? "burst" : "alone",
@@ -124,6 +129,9 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
     for (int ti = 0; ti < kTiles; ++ti) printf(" %s %.3f", tile_name((Tile)ti), t_blas[mode] / t[mode][ti]);
     printf(" | best %s %5.0f TF heuristic %s %.3f  max_rel_vs_cublas %.2e unwritten %llu", tile_name((Tile)best),
            flop / t[mode][best] * 1e-9, tile_name((Tile)heur), t_blas[mode] / t[mode][heur], worst_err, unwritten);
+    if (split)
+      printf(" | split %s/%s at row %d %.3f", tile_name(plan.head), tile_name(plan.tail), plan.head_rows,
+             t_blas[mode] / t_split[mode]);
     printf("\n");
   }
   fflush(stdout);
@@ -155,8 +163,9 @@ int bench_file(const char* path, cublasHandle_t h, cudaStream_t s) {
   for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) {
     const auto& x = r[(int)l];
     if (x.best.empty()) continue;
-    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): best-tile %.3f  heuristic %.3f |",
-           bench::layout_name(l), x.best.size(), bench::kBurst, geo(x.best), geo(x.heur));
+    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): best-tile %.3f  heuristic %.3f "
+           "plan_gemm %.3f |", bench::layout_name(l), x.best.size(), bench::kBurst, geo(x.best), geo(x.heur),
+           geo(x.plan));
     for (int ti = 0; ti < bench::kTiles; ++ti) printf(" %s %.3f", bench::tile_name((bench::Tile)ti), geo(x.tile[ti]));
     printf("\n");
   }

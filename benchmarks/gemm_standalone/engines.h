@@ -15,16 +15,22 @@ using kosmos::sm90::tile_name;
 // fp32 partials: TN 128x256 only.
 cudaError_t sm90_tn_f32(const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
 
+// bf16 C as `plan` says: one launch, or a head and a tail launch.
+inline cudaError_t sm90_plan(kosmos::gemm::Layout l, const kosmos::sm90::Plan& plan, const kosmos::gemm::Problem& p,
+                             int grid, cudaStream_t s) {
+  switch (l) {
+    case kosmos::gemm::Layout::TN: return kosmos::sm90_gemm_tn(plan, p, grid, s);
+    case kosmos::gemm::Layout::NN: return kosmos::sm90_gemm_nn(plan, p, grid, s);
+    default: return kosmos::sm90_gemm_nt(plan, p, grid, s);
+  }
+}
+
 // C is bf16 unless fp32_out (then TN 128x256 only; others return cudaErrorNotSupported).
 inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kosmos::gemm::Problem& p, int grid,
                         cudaStream_t s) {
   if (fp32_out)
     return l == kosmos::gemm::Layout::TN && t == Tile::k128x256 ? sm90_tn_f32(p, grid, s) : cudaErrorNotSupported;
-  switch (l) {
-    case kosmos::gemm::Layout::TN: return kosmos::sm90_gemm_tn(t, p, grid, s);
-    case kosmos::gemm::Layout::NN: return kosmos::sm90_gemm_nn(t, p, grid, s);
-    default: return kosmos::sm90_gemm_nt(t, p, grid, s);
-  }
+  return sm90_plan(l, kosmos::sm90::single(t, p.M), p, grid, s);
 }
 
 // Portable oracle, fp32 output.

@@ -52,7 +52,9 @@ struct CheckCase {
   int M, N, K;
   Tile tile;
   bool f32;
-  int grid;  // <= 0: one CTA per SM
+  int grid;            // <= 0: one CTA per SM
+  int head_rows = 0;   // > 0: a head launch of `tile` over these rows, then a tail launch of `tail`
+  Tile tail = Tile::k128x128;
 };
 
 // Runs the Hopper engine into a poisoned guarded buffer; returns its output.
@@ -61,7 +63,10 @@ Guarded run_sm90(const CheckCase& cc, const Inputs& in, cudaStream_t s) {
   out.alloc((size_t)cc.M * cc.N * (cc.f32 ? 4 : 2));
   out.poison(s);
   const Problem p{in.a, in.b, out.c(), cc.M, cc.N, cc.K};
-  CK(sm90(cc.l, cc.tile, cc.f32, p, cc.grid, s));
+  if (cc.head_rows > 0)
+    CK(sm90_plan(cc.l, kosmos::sm90::Plan{cc.tile, cc.tail, cc.head_rows}, p, cc.grid, s));
+  else
+    CK(sm90(cc.l, cc.tile, cc.f32, p, cc.grid, s));
   CK(cudaStreamSynchronize(s));
   return out;
 }
@@ -93,10 +98,10 @@ bool run_check(const CheckCase& cc, cublasHandle_t h, uint64_t seed, cudaStream_
   const double tol = cc.f32 ? 1e-5 : 1e-2;
   const bool pass = blas_ok && orel < 1e-5 && eo.nonfinite == 0 && e.nonfinite == 0 && guard == 0 && same &&
                     rel < tol && std::isfinite(rel);
-  printf("check %s %-11s %s M=%5d N=%5d K=%5d grid=%4d  rel=%.3e (tol %.0e) unwritten=%llu guard=%llu "
+  printf("check %s %-11s %s M=%5d N=%5d K=%5d grid=%4d head_rows=%4d  rel=%.3e (tol %.0e) unwritten=%llu guard=%llu "
          "deterministic=%d oracle_vs_cublas=%.2e  %s\n",
-         layout_name(cc.l), tile_name(cc.tile), cc.f32 ? "f32 " : "bf16", cc.M, cc.N, cc.K, cc.grid, rel, tol,
-         e.nonfinite, guard, (int)same, orel, pass ? "PASS" : "FAIL");
+         layout_name(cc.l), tile_name(cc.tile), cc.f32 ? "f32 " : "bf16", cc.M, cc.N, cc.K, cc.grid, cc.head_rows, rel,
+         tol, e.nonfinite, guard, (int)same, orel, pass ? "PASS" : "FAIL");
   out.free(); again.free(); in.free();
   CK(cudaFree(ref)); CK(cudaFree(blas));
   return pass;
@@ -117,6 +122,12 @@ int check_all(cublasHandle_t h, cudaStream_t s) {
     cases.push_back({Layout::NT, 1000, 776, 517, t, false, 3});
     cases.push_back({Layout::TN, 1536, 1280, 1000, t, false, 1});  // one CTA does every tile
     cases.push_back({Layout::NN, 64, 64, 64, t, false, 0});      // smaller than one tile
+  }
+  // Head and tail launches (sm90::Plan): the tail's A and C start head_rows in.
+  for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) {
+    cases.push_back({l, 1100, 1000, 600, Tile::k128x256, false, 0, 768, Tile::k128x128});
+    cases.push_back({l, 1100, 1000, 600, Tile::k128x192, false, 0, 512, Tile::k128x128});
+    cases.push_back({l, 1024, 776, 520, Tile::k128x256, false, 7, 896, Tile::k128x192});
   }
   cases.push_back({Layout::TN, 999, 776, 520, Tile::k128x256, true, 0});
   cases.push_back({Layout::TN, 1536, 1280, 1000, Tile::k128x256, true, 0});

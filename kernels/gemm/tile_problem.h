@@ -22,14 +22,21 @@ enum class Major : int { K = 0, MN = 1 };
 KOSMOS_HD constexpr Major major_a(Layout l) { return l == Layout::NT ? Major::MN : Major::K; }
 KOSMOS_HD constexpr Major major_b(Layout l) { return l == Layout::NN ? Major::K : Major::MN; }
 
-// Row-major operands, so the leading dimension is always the extent of the
-// contiguous index: K for a K-major operand, M (for A) or N (for B) otherwise.
+// Row-major operands, so the leading dimension is the extent of the contiguous
+// index: K for a K-major operand, M (for A) or N (for B) otherwise. The one
+// exception is lda: a launch over a band of A's rows (sm90::Plan's tail) keeps
+// the whole A's leading dimension; only the Hopper engine honours it.
 struct Problem {
-  const void* a;  // A(m,k): element at a[m*K + k] (K-major) or a[k*M + m] (MN-major)
+  const void* a;  // A(m,k): element at a[m*lda + k] (K-major) or a[k*lda + m] (MN-major)
   const void* b;  // B(n,k): element at b[n*K + k] (K-major) or b[k*N + n] (MN-major)
   void* c;        // C(m,n) at c[m*N + n], row-major, rounded once to the output type
   int M, N, K;
+  int lda = 0;  // 0: packed (K for K-major A, M for MN-major A)
 };
+
+KOSMOS_HD constexpr int leading_dim_a(Layout l, const Problem& p) {
+  return p.lda > 0 ? p.lda : major_a(l) == Major::K ? p.K : p.M;
+}
 
 // A tile's position in units of tiles (not elements).
 struct TileCoord {

@@ -41,6 +41,47 @@ inline TileShape choose_tile(int M, int N, int grid) {
   return best;
 }
 
+// How kosmos_matmul covers a problem: one launch of `head` over every row
+// (head_rows >= M), or `head` over rows [0, head_rows) and then `tail`, a
+// narrower tile, over the rest. The second launch replaces a last wave that
+// would run mostly idle (70B-QKV: 320 tiles of 128x256 are 2.4 waves on 132
+// SMs) by a full wave of smaller tiles; every output tile still has one
+// completion point (no split-K, no stream-K).
+struct Plan {
+  TileShape head, tail;
+  int head_rows;  // a multiple of 128, or >= M for one launch
+};
+
+// Cost of the second launch in time (not yet measured: a launch behind a
+// drained one on the same stream), and the time of one 128x256 k-block on
+// one SM at ~700 TF/s over 132 SMs, which converts it into waves.
+constexpr double kSecondLaunchUs = 4.0;
+constexpr double kKBlockUs = 0.79;
+
+inline Plan single(TileShape t, int M) { return Plan{t, t, M}; }
+
+// The plan of least predicted time: choose_tile's single launch, or a head of
+// whole waves of 128x256 or 128x192 tiles and a tail of narrower ones.
+inline Plan plan_gemm(int M, int N, int K, int grid) {
+  Plan best = single(choose_tile(M, N, grid), M);
+  double best_cost = predicted_waves(best.head, M, N, grid);
+  const double gap = kSecondLaunchUs / (kKBlockUs * gemm::ceil_div(K, 64));  // in 128x256 waves
+  const int rows = gemm::ceil_div(M, 128);
+  for (TileShape h : {TileShape::k128x256, TileShape::k128x192}) {
+    const int cols = gemm::ceil_div(N, tile_n(h));
+    const long waves = (long)rows * cols / grid;  // whole waves of head tiles
+    const int head = cols <= grid ? (int)(waves * grid / cols) : 0;  // tile rows that fill them
+    if (waves < 1 || head <= 0 || head >= rows) continue;
+    for (TileShape t : {TileShape::k128x192, TileShape::k128x128}) {
+      if (tile_n(t) >= tile_n(h)) continue;
+      const double cost =
+          predicted_waves(h, head * 128, N, grid) + predicted_waves(t, M - head * 128, N, grid) + gap;
+      if (cost < best_cost) best = Plan{h, t, head * 128}, best_cost = cost;
+    }
+  }
+  return best;
+}
+
 // Why a problem cannot run on this engine, or nullptr. TMA needs 16-byte
 // aligned bases and leading dimensions that are multiples of 16 bytes; the
 // caller falls back to the portable engine otherwise.
@@ -48,7 +89,7 @@ inline const char* unsupported(const gemm::Problem& p, gemm::Layout l) {
   auto misaligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) != 0; };
   if (p.M <= 0 || p.N <= 0 || p.K <= 0) return "empty problem";
   if (misaligned(p.a) || misaligned(p.b) || misaligned(p.c)) return "operand not 16-byte aligned";
-  const int lda = gemm::major_a(l) == gemm::Major::K ? p.K : p.M;
+  const int lda = gemm::leading_dim_a(l, p);
   const int ldb = gemm::major_b(l) == gemm::Major::K ? p.K : p.N;
   if (lda % 8 || ldb % 8) return "leading dimension not a multiple of 8 elements";
   return nullptr;

@@ -72,27 +72,28 @@ struct TileConfig {
   static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
 };
 
-// The global operand as a (rows, K) tensor; rows is M for A and N for B.
-// Row-major JAX storage makes the contiguous extent the leading dimension.
+// The global operand as a (rows, K) tensor; rows is M for A and N for B, and
+// ld the stride of its non-contiguous index (row-major JAX storage: the
+// contiguous extent, K or rows, unless the operand is a band of a larger one).
 template <gemm::Major Mj>
-CUTE_HOST_DEVICE auto gmem_operand(const bf16* p, int rows, int k) {
+CUTE_HOST_DEVICE auto gmem_operand(const bf16* p, int rows, int k, int ld) {
   if constexpr (Mj == gemm::Major::K)
-    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(int64_t(k), _1{}));
+    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(int64_t(ld), _1{}));
   else
-    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(_1{}, int64_t(rows)));
+    return make_tensor(make_gmem_ptr(p), make_shape(rows, k), make_stride(_1{}, int64_t(ld)));
 }
 
 template <gemm::Major Mj, class Ring>
-auto make_operand_tma(const bf16* p, int rows, int k) {
-  return make_tma_copy(SM90_TMA_LOAD{}, gmem_operand<Mj>(p, rows, k), Ring{}(_, _, Int<0>{}));
+auto make_operand_tma(const bf16* p, int rows, int k, int ld) {
+  return make_tma_copy(SM90_TMA_LOAD{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}));
 }
 
 // Kernel parameters: passed as a __grid_constant__ so the TMA descriptors stay
 // in parameter space, where TMA may read them.
 template <class Cfg>
 struct Params {
-  using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1));
-  using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1));
+  using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
+  using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1, 1));
   TmaA tma_a;
   TmaB tma_b;
   void* c;
@@ -103,8 +104,10 @@ template <class Cfg>
 Params<Cfg> make_params(const gemm::Problem& p) {
   const auto* a = static_cast<const bf16*>(p.a);
   const auto* b = static_cast<const bf16*>(p.b);
-  return Params<Cfg>{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K),
-                     make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(b, p.N, p.K), p.c, p.M, p.N, p.K};
+  const int lda = gemm::leading_dim_a(Cfg::kLayout, p);
+  const int ldb = Cfg::kMajorB == gemm::Major::K ? p.K : p.N;
+  return Params<Cfg>{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K, lda),
+                     make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(b, p.N, p.K, ldb), p.c, p.M, p.N, p.K};
 }
 
 // Shared memory of one CTA. The rings need 1024-byte alignment (the swizzle
