@@ -1,6 +1,7 @@
-// Definition of sm90_gemm_launch<L> (bf16 operands and output), included by exactly one translation unit
-// per layout (csrc/matmul_sm90_{tn,nn,nt}.cu) and by the standalone driver
-// (benchmarks/gemm_standalone), so both run the same configurations.
+// Definition of sm90_gemm_launch<L> (bf16 operands and output), included by
+// exactly one translation unit per layout (csrc/matmul_sm90_{tn,nn,nt}.cu),
+// which the standalone driver (benchmarks/gemm_standalone) links too, so both
+// run the same configurations.
 #pragma once
 #include "gemm/elem.h"
 #include "gemm/sm90/gemm_kernel.cuh"
