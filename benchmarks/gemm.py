@@ -13,7 +13,7 @@ inputs rotated past the L2; cuBLAS is timed before and after the kosmos arms and
 its faster median kept. Ratio = cuBLAS time / kosmos time (> 1: faster);
 cap fraction = kosmos full-GPU time / kosmos time under the cap (ideal cap/132).
 
-  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 5] [--cap-reps 3]
+  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 5] [--cap-reps 3] [--tile split]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
 """
@@ -178,7 +178,11 @@ def main():
   ap.add_argument("--cap-reps", type=int, default=3)
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
+  ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
+                  "or split (default: the wave model's pick)")
   args = ap.parse_args()
+  if args.tile:  # read by the extension at its first kosmos_matmul launch, which is below
+    os.environ["KOSMOS_SM90_TILE"] = args.tile
   caps = [int(c) for c in args.caps.split(",") if c]
   ok, why = ops.fused_status("matmul")
   if not ok:
@@ -204,7 +208,8 @@ def main():
   (OUT / "gemm_summary.md").write_text(
       f"date {env['date']}; device {env['device']}; commit {env['commit']}; jax {env['jax']}; "
       f"command `{env['command']}`\n\n{body}\n")
-  harness.append_results("kosmos_matmul vs XLA dot (cuBLAS): paper shapes, full GPU and CU caps", body)
+  variant = f" (KOSMOS_SM90_TILE={args.tile})" if args.tile else ""
+  harness.append_results(f"kosmos_matmul{variant} vs XLA dot (cuBLAS): paper shapes, full GPU and CU caps", body)
 
 
 if __name__ == "__main__":
