@@ -134,67 +134,62 @@ def test_inside_shard_map():
   assert_close(y, _twin_f32(a, b, "TN"), jnp.bfloat16, what="TN in shard_map")
 
 
-def test_forced_tile_shape():
-  """KOSMOS_SM90_TILE forces the Hopper tile shape (read once per process, so a
-  fresh interpreter): a problem the wave model gives 128x256 runs 128x128."""
+# A fresh interpreter per check: KOSMOS_SM90_TILE is read once per process.
+_CHILD = """
+import json, sys
+import jax, jax.numpy as jnp
+from kosmos_jax import ops, reference
+from kosmos_jax.ops._fused_gemm import engine_runs
+errs = []
+for i, (layout, sa, sb) in enumerate(json.loads(sys.argv[1])):
+  a = jax.random.normal(jax.random.key(i), tuple(sa), jnp.float32).astype(jnp.bfloat16)
+  b = jax.random.normal(jax.random.key(100 + i), tuple(sb), jnp.float32).astype(jnp.bfloat16)
+  y = ops.matmul(a, b, layout=layout, impl='fused').astype(jnp.float32)
+  with jax.default_matmul_precision('highest'):
+    ref = reference.matmul(a.astype(jnp.float32), b.astype(jnp.float32), layout=layout)
+  errs.append(float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)))
+print('RESULT', json.dumps({'runs': {k: v for k, v in engine_runs().items() if v}, 'errs': errs}))
+"""
+
+
+def _in_child(tile, problems):
+  """ops.matmul on `problems` [(layout, a_shape, b_shape)] in a fresh interpreter under
+  KOSMOS_SM90_TILE=tile, outputs poisoned; returns (the process, its result or None).
+  An unwritten element makes its error NaN, which fails every `< tol` check."""
+  import json
   import os
   import subprocess
   import sys
+  env = dict(os.environ, KOSMOS_SM90_TILE=tile, KOSMOS_POISON_OUTPUT="1")
+  r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(problems)], env=env, capture_output=True, text=True,
+                     timeout=300)
+  lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+  return r, (json.loads(lines[-1][len("RESULT "):]) if r.returncode == 0 and lines else None)
+
+
+def test_forced_tile_shape():
+  """KOSMOS_SM90_TILE forces the Hopper tile shape: a problem the wave model gives
+  128x256 runs 128x128; a name that is no tile shape fails the call, naming the
+  valid ones."""
   if getattr(_gpu(), "compute_capability", "") != "9.0":
     pytest.skip("tile shapes are the Hopper engine's")
-  code = (
-      "import jax, jax.numpy as jnp\n"
-      "from kosmos_jax import ops\n"
-      "from kosmos_jax.ops._fused_gemm import engine_runs\n"
-      "a = jax.random.normal(jax.random.key(0), (4096, 512), jnp.float32).astype(jnp.bfloat16)\n"
-      "b = jax.random.normal(jax.random.key(1), (512, 4096), jnp.float32).astype(jnp.bfloat16)\n"
-      "y = ops.matmul(a, b, layout='TN', impl='fused').block_until_ready()\n"
-      "ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision='highest')\n"
-      "err = float(jnp.linalg.norm(y.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))\n"
-      "print('RUNS', sorted(k for k, v in engine_runs().items() if v), 'ERR', err)\n")
-  env = dict(os.environ, KOSMOS_SM90_TILE="128x128", KOSMOS_POISON_OUTPUT="1")
-  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  line = [l for l in r.stdout.splitlines() if l.startswith("RUNS")][-1]
-  assert "['sm90_128x128']" in line, line
-  assert float(line.split("ERR")[1]) < 1e-2, line
-  # A name that is no tile shape fails the call and names the valid ones.
-  bad = subprocess.run([sys.executable, "-c", code], env=dict(env, KOSMOS_SM90_TILE="64x64"), capture_output=True,
-                       text=True, timeout=300)
-  assert bad.returncode != 0 and "KOSMOS_SM90_TILE=64x64 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
-  assert "128x192" in bad.stderr, bad.stderr[-3000:]
+  problem = [("TN", (4096, 512), (512, 4096))]
+  r, out = _in_child("128x128", problem)
+  assert out is not None, r.stderr[-3000:]
+  assert out["runs"] == {"sm90_128x128": 1} and out["errs"][0] < 1e-2, out
+  bad, out = _in_child("64x64", problem)
+  assert out is None and "KOSMOS_SM90_TILE=64x64 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
+  assert "128x192" in bad.stderr and "split" in bad.stderr, bad.stderr[-3000:]
 
 
 def test_split_plan_head_and_tail():
   """KOSMOS_SM90_TILE=split: plan_gemm's head launch of 128x256 tiles over whole
   waves, then a tail launch of 128x128 over the rest (70B-QKV-like problems,
   where 320 tiles of 128x256 would run 2.4 waves). TN splits a K-major A, NT an
-  MN-major one (the tail keeps the whole A's leading dimension); outputs are
-  poisoned, so a row neither launch wrote fails."""
-  import os
-  import subprocess
-  import sys
+  MN-major one (the tail keeps the whole A's leading dimension)."""
   if getattr(_gpu(), "compute_capability", "") != "9.0" or getattr(_gpu(), "core_count", 132) != 132:
     pytest.skip("the split plan asserted here is the one for 132 SMs")
-  code = (
-      "import jax, jax.numpy as jnp\n"
-      "from kosmos_jax import ops, reference\n"
-      "from kosmos_jax.ops._fused_gemm import engine_runs\n"
-      "def rnd(k, s): return jax.random.normal(jax.random.key(k), s, jnp.float32).astype(jnp.bfloat16)\n"
-      "errs = []\n"
-      "for layout, sa, sb in (('TN', (8192, 1024), (1024, 1280)), ('NT', (1024, 1280), (1024, 8192))):\n"
-      "  a, b = rnd(len(errs), sa), rnd(10 + len(errs), sb)\n"
-      "  y = ops.matmul(a, b, layout=layout, impl='fused').astype(jnp.float32)\n"
-      "  with jax.default_matmul_precision('highest'):\n"
-      "    ref = reference.matmul(a.astype(jnp.float32), b.astype(jnp.float32), layout=layout)\n"
-      "  errs.append(float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)))\n"
-      "import json\n"
-      "print('RUNS', {k: v for k, v in engine_runs().items() if v}, 'ERRS', json.dumps(errs))\n")
-  env = dict(os.environ, KOSMOS_SM90_TILE="split", KOSMOS_POISON_OUTPUT="1")
-  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  line = [l for l in r.stdout.splitlines() if l.startswith("RUNS")][-1]
-  assert "{'sm90_128x256': 2, 'sm90_128x128': 2}" in line, line
-  import json
-  errs = json.loads(line.split("ERRS")[1])  # NaN (an unwritten element) parses, and fails below
-  assert all(e < 1e-2 for e in errs), line
+  r, out = _in_child("split", [("TN", (8192, 1024), (1024, 1280)), ("NT", (1024, 1280), (1024, 8192))])
+  assert out is not None, r.stderr[-3000:]
+  assert out["runs"] == {"sm90_128x256": 2, "sm90_128x128": 2}, out
+  assert all(e < 1e-2 for e in out["errs"]), out
