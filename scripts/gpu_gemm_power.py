@@ -24,7 +24,6 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -62,8 +61,8 @@ class Sampler:
       self.proc.terminate()
 
 
-def sustain(fn, sets, seconds: float) -> tuple[int, float, float, float]:
-  """Calls fn back to back for `seconds` (synced every 8 calls); returns (calls, t0, t1, elapsed)."""
+def sustain(fn, sets, seconds: float) -> tuple[int, float, float]:
+  """Calls fn back to back for `seconds` (synced every 8 calls); returns (calls, start, end)."""
   out = fn(*sets[0])
   jax.block_until_ready(out)
   n, t0 = 0, time.monotonic()
@@ -72,8 +71,7 @@ def sustain(fn, sets, seconds: float) -> tuple[int, float, float, float]:
       out = fn(*sets[n % len(sets)])
       n += 1
     jax.block_until_ready(out)
-  t1 = time.monotonic()
-  return n, t0, t1, t1 - t0
+  return n, t0, time.monotonic()
 
 
 def arms(layout: str, impl: str):
@@ -88,7 +86,8 @@ def measure_shape(name, layout, M, N, K, impl, seconds, sampler):
   rows = []
   for rep in range(2):
     for arm, fn in arms(layout, impl).items():
-      n, t0, t1, dt = sustain(fn, sets, seconds)
+      n, t0, t1 = sustain(fn, sets, seconds)
+      dt = t1 - t0
       # Skip the first 20% of the window: the clock settles after the arm starts.
       w = sampler.window(t0 + 0.2 * (t1 - t0), t1)
       med = lambda i: statistics.median(r[i] for r in w) if w else float("nan")
