@@ -8,12 +8,16 @@ C[M, N] = sum_K; kernels/gemm/tile_problem.h names the same engine terms):
   NT <- bulk_rs_nt (column wgrad): a [K, M], b [K, N], a.T @ b    -> [M, N]
 (for NT the contraction K is the token rows; M and N are the weight's dims).
 
-Timing: harness.time_fn (warm-up, pipelined calls synced once per rep, median),
-inputs rotated past the L2; cuBLAS is timed before and after the kosmos arms and
-its faster median kept. Ratio = cuBLAS time / kosmos time (> 1: faster);
-cap fraction = kosmos full-GPU time / kosmos time under the cap (ideal cap/132).
+Timing (--protocol interleaved, the default): harness.time_interleaved: per shape,
+every arm (cuBLAS, kosmos at full GPU and at each cap) runs windows of ~20 ms of
+pipelined calls, synced once, interleaved back to back in alternating order after
+a 1 s warm-up; the median window per arm. Inputs rotated past the L2. --protocol
+blocks is the earlier protocol (one block of reps per arm, cuBLAS before and after
+the kosmos arms, its faster median kept), which favours cuBLAS's first block.
+Ratio = cuBLAS time / kosmos time (> 1: faster); cap fraction = kosmos full-GPU
+time / kosmos time under the cap (ideal cap/132).
 
-  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 5] [--cap-reps 3] [--tile split]
+  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|blocks] [--tile single]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
 """
@@ -74,35 +78,49 @@ def rel_err(y, ref):
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
 
 
-def bench_shape(layout, sh, caps, reps, cap_reps):
+def time_blocks(fns, sets, calls, reps, cap_reps):
+  """The protocol before 2026-12-01: each arm in its own block of reps, cuBLAS before and after
+  the kosmos arms and its faster median kept. Biased towards cuBLAS's first block, which follows
+  an idle gap and runs at a higher clock (harness.time_interleaved says why)."""
+  t = lambda fn, r: harness.time_fn(fn, sets, warmup=2, calls=calls, reps=r)
+  out = {"xla_cublas": t(fns["xla_cublas"], reps)}
+  for name, fn in fns.items():
+    if name != "xla_cublas":
+      out[name] = t(fn, reps if name == "kosmos@0" else cap_reps)
+  out["xla_cublas"] = min(out["xla_cublas"], t(fns["xla_cublas"], reps), key=lambda x: x.median_ms)
+  return out
+
+
+def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved"):
   M, N, K = sh["M"], sh["N"], sh["K"]
   flop = 2.0 * M * N * K
   sets = harness.rotation(lambda i: make_inputs(layout, M, N, K, i), 2 * (M * K + N * K))
-  calls = max(2, min(20, round(20e-3 / (flop / PEAK_GUESS))))  # ~20 ms of work per rep
-  t = lambda fn, r: harness.time_fn(fn, sets, warmup=2, calls=calls, reps=r)
+  calls = max(2, min(20, round(20e-3 / (flop / PEAK_GUESS))))  # ~20 ms of work per window
   base = dict(layout=layout, shape=sh["name"], M=M, N=N, K=K)
   ref_fn = xla_dot(layout)
-  t_xla0 = t(ref_fn, reps)
-  kosmos_runs = []
+  fns, engines = {"xla_cublas": ref_fn}, {}
   for cap in (None, *caps):
-    fn = kosmos(layout, cap)
+    name = f"kosmos@{cap or 0}"
+    fns[name] = kosmos(layout, cap)
     before = engine_runs()
-    tk = t(fn, reps if cap is None else cap_reps)
-    kosmos_runs.append((cap, fn, tk, "+".join(e for e, n in engine_runs().items() if n != before[e])))
-  # cuBLAS again after ours, keeping its faster median: a clock that drifts
-  # during the shape cannot flatter the kosmos arm.
-  t_xla1 = t(ref_fn, reps)
-  t_xla = min(t_xla0, t_xla1, key=lambda x: x.median_ms)
+    jax.block_until_ready(fns[name](*sets[0]))  # compile; the launch counters say which engine ran
+    engines[name] = "+".join(e for e, n in engine_runs().items() if n != before[e])
+  if protocol == "interleaved":
+    times = harness.time_interleaved(fns, sets, calls=calls, rounds=reps)
+  else:
+    times = time_blocks(fns, sets, calls, reps, cap_reps)
+  t_xla = times["xla_cublas"]
   rows = [dict(base, arm="xla_cublas", cu_cap=0, median_ms=t_xla.median_ms, min_ms=t_xla.min_ms,
                tflops=flop / t_xla.median_ms * 1e-9, ratio_vs_cublas=1.0, cap_fraction="", engine="cublas",
                rel_err_vs_cublas="")]
-  full = None
-  for cap, fn, tk, engine in kosmos_runs:
+  full = times["kosmos@0"].median_ms
+  for cap in (None, *caps):
+    name = f"kosmos@{cap or 0}"
+    tk, fn = times[name], fns[name]
     err = rel_err(fn(*sets[0]), ref_fn(*sets[0])) if cap is None else ""
-    full = tk.median_ms if cap is None else full
     rows.append(dict(base, arm="kosmos", cu_cap=cap or 0, median_ms=tk.median_ms, min_ms=tk.min_ms,
                      tflops=flop / tk.median_ms * 1e-9, ratio_vs_cublas=t_xla.median_ms / tk.median_ms,
-                     cap_fraction=full / tk.median_ms, engine=engine, rel_err_vs_cublas=err))
+                     cap_fraction=full / tk.median_ms, engine=engines[name], rel_err_vs_cublas=err))
   del sets
   return rows
 
@@ -174,12 +192,13 @@ def plots(rows, caps):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--caps", default="124,116,100,66")
-  ap.add_argument("--reps", type=int, default=5)
-  ap.add_argument("--cap-reps", type=int, default=3)
+  ap.add_argument("--reps", type=int, default=7, help="windows per arm (interleaved) or reps (blocks)")
+  ap.add_argument("--cap-reps", type=int, default=3, help="--protocol blocks: reps of each capped arm")
+  ap.add_argument("--protocol", default="interleaved", choices=("interleaved", "blocks"))
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
   ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
-                  "or split (default: the wave model's pick)")
+                  "or single (default: plan_gemm's plan)")
   args = ap.parse_args()
   if args.tile:  # read by the extension at its first kosmos_matmul launch, which is below
     os.environ["KOSMOS_SM90_TILE"] = args.tile
@@ -190,7 +209,7 @@ def main():
   rows, t0 = [], time.time()
   for layout in args.layouts.split(","):
     for sh in harness.paper_shapes(KERNEL_OF[layout])[: args.limit]:
-      rs = bench_shape(layout, sh, caps, args.reps, args.cap_reps)
+      rs = bench_shape(layout, sh, caps, args.reps, args.cap_reps, args.protocol)
       rows += rs
       k = rs[1]
       print(f"{time.time() - t0:6.1f}s {layout} {sh['name']:16s} M={sh['M']:6d} N={sh['N']:6d} K={sh['K']:6d} "
@@ -209,6 +228,7 @@ def main():
       f"date {env['date']}; device {env['device']}; commit {env['commit']}; jax {env['jax']}; "
       f"command `{env['command']}`\n\n{body}\n")
   variant = f" (KOSMOS_SM90_TILE={args.tile})" if args.tile else ""
+  variant += f", {args.protocol} timing"
   harness.append_results(f"kosmos_matmul{variant} vs XLA dot (cuBLAS): paper shapes, full GPU and CU caps", body)
 
 

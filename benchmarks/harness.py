@@ -78,6 +78,39 @@ def time_fn(fn: Callable, input_sets: Sequence[tuple], *, warmup: int = 5, calls
   return Timing(statistics.median(per_call), min(per_call), reps, calls)
 
 
+def time_interleaved(fns: dict[str, Callable], input_sets: Sequence[tuple], *, calls: int = 20, rounds: int = 7,
+                     warmup_s: float = 1.0) -> dict[str, Timing]:
+  """Per arm, the median over `rounds` of (time of `calls` pipelined calls, synced once) / calls,
+  the arms' windows interleaved back to back: round r runs every arm once, in turn, reversing the
+  order each round (ABC, CBA, ...), after a warm-up that runs them in turn for `warmup_s`.
+
+  Why: an H200 under sustained GEMM load sits at its 700 W power limit, and its clock follows the
+  draw with a lag. Arms timed in blocks one after the other see different clocks: the block after
+  an idle gap (input generation, compilation) runs at a higher clock than the blocks after it
+  (2026-12-01: the same XLA dot at 773 TF/s in the first block of a shape and ~670 TF/s sustained;
+  nvidia-smi ~1.5 GHz against 1.6 GHz under ncu). Interleaved windows all sit at the same point of
+  that curve, so the ratio compares the kernels, not their places in the schedule.
+  """
+  def window(fn, n):
+    out = None
+    for i in range(n):
+      out = fn(*input_sets[i % len(input_sets)])
+    jax.block_until_ready(out)
+
+  names = list(fns)
+  t0 = time.perf_counter()
+  while time.perf_counter() - t0 < warmup_s:
+    for name in names:
+      window(fns[name], max(2, calls // 4))
+  per_call = {name: [] for name in names}
+  for r in range(rounds):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      t = time.perf_counter()
+      window(fns[name], calls)
+      per_call[name].append(_slowest_rank((time.perf_counter() - t) * 1e3 / calls))
+  return {name: Timing(statistics.median(v), min(v), rounds, calls) for name, v in per_call.items()}
+
+
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   with path.open("w", newline="") as f:

@@ -50,7 +50,9 @@ std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
 using namespace kosmos;
 
 // 8 tile rows per build band: 8 x 128 rows of A plus a band of W columns stay
-// in L2 across a wave (as gemm/sm90/gemm_kernel.cuh's kSwizzleGroup).
+// in L2 across a wave. (ops.matmul now uses gemm::swizzle_group's rule, 16 for
+// 128x256 on 132 SMs; the fused kernel's bands also set when rows become
+// ready, so it keeps 8 until measured there.)
 constexpr int kAgSwizzle = 8;
 
 

@@ -78,17 +78,17 @@ cudaError_t sm90_launch(gemm::Layout l, const sm90::Plan& plan, const gemm::Prob
   return sm90_gemm_nt(plan, p, grid, s);
 }
 
-// KOSMOS_SM90_TILE=<tile_name>: the Hopper tile shape every kosmos_matmul
-// launch uses instead of choose_tile's; =split: sm90::plan_gemm's head and
-// tail launches (not yet measured, so not the default). Benchmarks compare
-// them; read once. -1: not set; -2: a value that is neither.
-constexpr int kForcedSplit = sm90::kTileShapes;
+// KOSMOS_SM90_TILE=<tile_name>: every kosmos_matmul launch is one launch of
+// that Hopper tile shape; =single: choose_tile's one launch, never a head and
+// a tail; unset: sm90::plan_gemm's plan (benchmarks compare them; read once).
+// -1: not set; -2: a value that is neither.
+constexpr int kForcedSingle = sm90::kTileShapes;
 
 int forced_tile() {
   static const int forced = [] {
     const char* v = std::getenv("KOSMOS_SM90_TILE");
     if (v == nullptr || *v == 0) return -1;
-    if (std::string(v) == "split") return kForcedSplit;
+    if (std::string(v) == "single") return kForcedSingle;
     for (int t = 0; t < sm90::kTileShapes; ++t)
       if (std::string(v) == sm90::tile_name(static_cast<sm90::TileShape>(t))) return t;
     return -2;
@@ -99,13 +99,13 @@ int forced_tile() {
 std::string tile_names() {
   std::string s;
   for (int t = 0; t < sm90::kTileShapes; ++t) s += std::string(sm90::tile_name(static_cast<sm90::TileShape>(t))) + ", ";
-  return s + "split";
+  return s + "single";
 }
 
 sm90::Plan pick_plan(const gemm::Problem& p, int grid, int forced) {
-  if (forced == kForcedSplit) return sm90::plan_gemm(p.M, p.N, p.K, grid);
+  if (forced == kForcedSingle) return sm90::single(sm90::choose_tile(p.M, p.N, grid), p.M);
   if (forced >= 0) return sm90::single(static_cast<sm90::TileShape>(forced), p.M);
-  return sm90::single(sm90::choose_tile(p.M, p.N, grid), p.M);
+  return sm90::plan_gemm(p.M, p.N, p.K, grid);
 }
 
 // Engine problem of the 2-D operands (M, N, K as in tile_problem.h), or why not.

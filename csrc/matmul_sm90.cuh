@@ -22,13 +22,13 @@ template <gemm::Layout L>
 struct Sm90Config<L, sm90::TileShape::k128x128> : sm90::TileConfig<L, 128, 128, 5> {};
 
 template <gemm::Layout L>
-cudaError_t sm90_gemm_shape(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s) {
+cudaError_t sm90_gemm_shape(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s, int group) {
   using sm90::TileShape;
   using sm90::launch_gemm;
   switch (t) {
-    case TileShape::k128x256: return launch_gemm<Sm90Config<L, TileShape::k128x256>, gemm::bf16>(p, grid, s);
-    case TileShape::k128x192: return launch_gemm<Sm90Config<L, TileShape::k128x192>, gemm::bf16>(p, grid, s);
-    case TileShape::k128x128: return launch_gemm<Sm90Config<L, TileShape::k128x128>, gemm::bf16>(p, grid, s);
+    case TileShape::k128x256: return launch_gemm<Sm90Config<L, TileShape::k128x256>, gemm::bf16>(p, grid, s, group);
+    case TileShape::k128x192: return launch_gemm<Sm90Config<L, TileShape::k128x192>, gemm::bf16>(p, grid, s, group);
+    case TileShape::k128x128: return launch_gemm<Sm90Config<L, TileShape::k128x128>, gemm::bf16>(p, grid, s, group);
   }
   return cudaErrorInvalidValue;
 }
@@ -39,7 +39,7 @@ cudaError_t sm90_gemm_shape(sm90::TileShape t, const gemm::Problem& p, int grid,
 // head on the same stream; both write disjoint rows of C.
 template <gemm::Layout L>
 cudaError_t sm90_gemm_launch(const sm90::Plan& plan, const gemm::Problem& p, int grid, cudaStream_t s) {
-  if (plan.head_rows >= p.M) return sm90_gemm_shape<L>(plan.head, p, grid, s);
+  if (plan.head_rows >= p.M) return sm90_gemm_shape<L>(plan.head, p, grid, s, plan.group);
   if (plan.head_rows <= 0 || plan.head_rows % 128 != 0) return cudaErrorInvalidValue;
   gemm::Problem head = p, tail = p;
   head.lda = tail.lda = gemm::leading_dim_a(L, p);
@@ -49,8 +49,8 @@ cudaError_t sm90_gemm_launch(const sm90::Plan& plan, const gemm::Problem& p, int
   const size_t a_off = gemm::major_a(L) == gemm::Major::K ? rows * head.lda : rows;  // elements
   tail.a = static_cast<const uint16_t*>(p.a) + a_off;
   tail.c = static_cast<uint16_t*>(p.c) + rows * p.N;
-  const cudaError_t e = sm90_gemm_shape<L>(plan.head, head, grid, s);
-  return e != cudaSuccess ? e : sm90_gemm_shape<L>(plan.tail, tail, grid, s);
+  const cudaError_t e = sm90_gemm_shape<L>(plan.head, head, grid, s, plan.group);
+  return e != cudaSuccess ? e : sm90_gemm_shape<L>(plan.tail, tail, grid, s, plan.group);
 }
 
 }  // namespace kosmos

@@ -49,5 +49,5 @@ check_rc=${PIPESTATUS[0]}
 
 # Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.
 if [ "$SHAPES" = quick ]; then grep -E "MBS[12] " $SRC/paper_shapes.txt; else cat $SRC/paper_shapes.txt; fi > "$BUILD/shapes.txt"
-timeout ${BENCH_TIMEOUT:-300} $BUILD/gemm_bench bench "$BUILD/shapes.txt" 2>&1 | tee "$OUT/bench.log"
+timeout ${BENCH_TIMEOUT:-300} $BUILD/gemm_bench bench "$BUILD/shapes.txt" ${ALL_TILES:+all-tiles} 2>&1 | tee "$OUT/bench.log"
 exit $check_rc

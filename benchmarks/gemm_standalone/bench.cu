@@ -1,4 +1,5 @@
-// Timing half of the driver: our engine (both tile shapes) vs cuBLAS on the
+// Timing half of the driver: our engine (plan_gemm's plan, at its swizzle
+// group and at 8, and with all_tiles every tile shape alone) vs cuBLAS on the
 // shapes of a file, CUDA events around each call, median of kIters, inputs
 // rotated among several sets so small shapes are not timed out of L2.
 #include <cublas_v2.h>
@@ -68,13 +69,30 @@ void warm_up(cublasHandle_t h, cudaStream_t s) {
 }
 
 struct Ratios {
-  // cuBLAS time / ours: best tile, choose_tile's, plan_gemm's (split or not), each tile.
-  std::vector<double> best, heur, plan, tile[kTiles];
+  // cuBLAS time / ours (bursts): plan_gemm's plan, the same at swizzle group 8
+  // (the rule before 2026-12-01), each tile shape alone (with all_tiles).
+  std::vector<double> plan, group8, tile[kTiles];
 };
 
+// What one shape times: our configurations by label, each a launch of `plan`.
+struct Arm {
+  std::string label;
+  kosmos::sm90::Plan plan;
+};
+
+std::vector<Arm> arms_of(const Shape& sh, int sms, bool all_tiles) {
+  const kosmos::sm90::Plan plan = kosmos::sm90::plan_gemm(sh.M, sh.N, sh.K, sms);
+  kosmos::sm90::Plan g8 = plan;
+  g8.group = 8;
+  std::vector<Arm> arms{{"plan", plan}, {"group8", g8}};
+  for (int ti = 0; all_tiles && ti < kTiles; ++ti)
+    arms.push_back({tile_name((Tile)ti), kosmos::sm90::single((Tile)ti, sh.M)});
+  return arms;
+}
+
 // cuBLAS is timed before and after our engine and the faster median kept, so
-// a clock that drifts during the shape cannot favour either side.
-void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out) {
+// a clock that drifts during the shape cannot favour our side.
+void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, bool all_tiles, Ratios& out) {
   const size_t na = (size_t)sh.M * sh.K, nb = (size_t)sh.N * sh.K, nc = (size_t)sh.M * sh.N;
   const size_t in_bytes = 2 * (na + nb);
   const int sets = (int)std::min<size_t>(8, std::max<size_t>(1, (512ull << 20) / in_bytes));
@@ -91,48 +109,42 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
   auto blas = [&](int i) { cublas_gemm(h, sh.l, prob(i, cref), CUDA_R_16BF); };
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev)); CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const kosmos::sm90::Plan plan = kosmos::sm90::plan_gemm(sh.M, sh.N, sh.K, sms);
-  const bool split = plan.head_rows < sh.M;
+  const std::vector<Arm> arms = arms_of(sh, sms, all_tiles);
   // [0]: calls timed alone, [1]: bursts of kBurst back-to-back calls.
-  float t_blas[2], t[2][kTiles], t_split[2] = {0, 0};
-  int best = 0;
+  float t_blas[2];
+  std::vector<float> t[2];
   for (int mode = 0; mode < 2; ++mode) {
     const int burst = mode ? kBurst : 1;
     const float before = median_ms(blas, sets, s, burst);
-    for (int ti = 0; ti < kTiles; ++ti)
-      t[mode][ti] = median_ms([&](int i) { CK(sm90(sh.l, (Tile)ti, false, prob(i, c), 0, s)); }, sets, s, burst);
-    if (split) t_split[mode] = median_ms([&](int i) { CK(sm90_plan(sh.l, plan, prob(i, c), 0, s)); }, sets, s, burst);
+    for (const Arm& arm : arms)
+      t[mode].push_back(median_ms([&](int i) { CK(sm90_plan(sh.l, arm.plan, prob(i, c), 0, s)); }, sets, s, burst));
     t_blas[mode] = std::min(before, median_ms(blas, sets, s, burst));
   }
-  for (int ti = 0; ti < kTiles; ++ti)
-    if (t[1][ti] < t[1][best]) best = ti;
   // Correctness of every timed configuration against cuBLAS on the last set.
   const int last = (kWarmup + kIters - 1) % sets;
   CK(cublas_gemm(h, sh.l, prob(last, cref), CUDA_R_16BF) == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown);
   double worst_err = 0;
   unsigned long long unwritten = 0;
-  for (int ti = 0; ti < kTiles + split; ++ti) {
+  for (const Arm& arm : arms) {
     CK(cudaMemsetAsync(c, 0xFF, nc * 2, s));
-    CK(ti < kTiles ? sm90(sh.l, (Tile)ti, false, prob(last, c), 0, s) : sm90_plan(sh.l, plan, prob(last, c), 0, s));
+    CK(sm90_plan(sh.l, arm.plan, prob(last, c), 0, s));
     const ErrSums e = rel_error(c, cref, nc, s);
     worst_err = std::max(worst_err, std::sqrt(e.diff2 / e.ref2));
     unwritten += e.nonfinite;
   }
   const double flop = 2.0 * sh.M * sh.N * (double)sh.K;
-  const int heur = (int)kosmos::sm90::choose_tile(sh.M, sh.N, sms);
-  out.best.push_back(t_blas[1] / t[1][best]); out.heur.push_back(t_blas[1] / t[1][heur]);
-  out.plan.push_back(t_blas[1] / (split ? t_split[1] : t[1][heur]));
-  for (int ti = 0; ti < kTiles; ++ti) out.tile[ti].push_back(t_blas[1] / t[1][ti]);
+  out.plan.push_back(t_blas[1] / t[1][0]);
+  out.group8.push_back(t_blas[1] / t[1][1]);
+  for (int ti = 0; all_tiles && ti < kTiles; ++ti) out.tile[ti].push_back(t_blas[1] / t[1][2 + ti]);
+  const kosmos::sm90::Plan& plan = arms[0].plan;
   for (int mode = 0; mode < 2; ++mode) {
-    printf("bench %-5s %-16s %s M=%6d N=%6d K=%6d cublas %7.3f ms %5.0f TF |", mode ? "burst" : "alone",
-           sh.name.c_str(), layout_name(sh.l), sh.M, sh.N, sh.K, t_blas[mode], flop / t_blas[mode] * 1e-9);
-    for (int ti = 0; ti < kTiles; ++ti) printf(" %s %.3f", tile_name((Tile)ti), t_blas[mode] / t[mode][ti]);
-    printf(" | best %s %5.0f TF heuristic %s %.3f  max_rel_vs_cublas %.2e unwritten %llu", tile_name((Tile)best),
-           flop / t[mode][best] * 1e-9, tile_name((Tile)heur), t_blas[mode] / t[mode][heur], worst_err, unwritten);
-    if (split)
-      printf(" | split %s/%s at row %d %.3f", tile_name(plan.head), tile_name(plan.tail), plan.head_rows,
-             t_blas[mode] / t_split[mode]);
-    printf("\n");
+    printf("bench %-5s %-16s %s M=%6d N=%6d K=%6d cublas %7.3f ms %5.0f TF | plan %s", mode ? "burst" : "alone",
+           sh.name.c_str(), layout_name(sh.l), sh.M, sh.N, sh.K, t_blas[mode], flop / t_blas[mode] * 1e-9,
+           tile_name(plan.head));
+    if (plan.head_rows < sh.M) printf("/%s at row %d", tile_name(plan.tail), plan.head_rows);
+    printf(" %5.0f TF", flop / t[mode][0] * 1e-9);
+    for (size_t i = 0; i < arms.size(); ++i) printf(" %s %.3f", arms[i].label.c_str(), t_blas[mode] / t[mode][i]);
+    printf(" | max_rel_vs_cublas %.2e unwritten %llu\n", worst_err, unwritten);
   }
   fflush(stdout);
   for (int i = 0; i < sets; ++i) { CK(cudaFree(a[i])); CK(cudaFree(b[i])); }
@@ -141,7 +153,7 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, Ratios& out)
 
 }  // namespace bench
 
-int bench_file(const char* path, cublasHandle_t h, cudaStream_t s) {
+int bench_file(const char* path, cublasHandle_t h, cudaStream_t s, bool all_tiles) {
   std::ifstream f(path);
   if (!f) { fprintf(stderr, "cannot open %s\n", path); return 2; }
   std::string line;
@@ -153,7 +165,7 @@ int bench_file(const char* path, cublasHandle_t h, cudaStream_t s) {
     std::string lay;
     if (!(ls >> sh.name >> lay >> sh.M >> sh.N >> sh.K)) continue;
     sh.l = lay == "TN" ? Layout::TN : lay == "NN" ? Layout::NN : Layout::NT;
-    bench::bench_shape(sh, h, s, r[(int)sh.l]);
+    bench::bench_shape(sh, h, s, all_tiles, r[(int)sh.l]);
   }
   auto geo = [](const std::vector<double>& v) {
     double l = 0;
@@ -162,11 +174,11 @@ int bench_file(const char* path, cublasHandle_t h, cudaStream_t s) {
   };
   for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) {
     const auto& x = r[(int)l];
-    if (x.best.empty()) continue;
-    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): best-tile %.3f  heuristic %.3f "
-           "plan_gemm %.3f |", bench::layout_name(l), x.best.size(), bench::kBurst, geo(x.best), geo(x.heur),
-           geo(x.plan));
-    for (int ti = 0; ti < bench::kTiles; ++ti) printf(" %s %.3f", bench::tile_name((bench::Tile)ti), geo(x.tile[ti]));
+    if (x.plan.empty()) continue;
+    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): plan_gemm %.3f  group8 %.3f",
+           bench::layout_name(l), x.plan.size(), bench::kBurst, geo(x.plan), geo(x.group8));
+    for (int ti = 0; all_tiles && ti < bench::kTiles; ++ti)
+      printf(" %s %.3f", bench::tile_name((bench::Tile)ti), geo(x.tile[ti]));
     printf("\n");
   }
   return 0;

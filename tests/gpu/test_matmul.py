@@ -154,13 +154,16 @@ print('RESULT', json.dumps({'runs': {k: v for k, v in engine_runs().items() if v
 
 def _in_child(tile, problems):
   """ops.matmul on `problems` [(layout, a_shape, b_shape)] in a fresh interpreter under
-  KOSMOS_SM90_TILE=tile, outputs poisoned; returns (the process, its result or None).
+  KOSMOS_SM90_TILE=tile ("": unset), outputs poisoned; returns (the process, its result or None).
   An unwritten element makes its error NaN, which fails every `< tol` check."""
   import json
   import os
   import subprocess
   import sys
-  env = dict(os.environ, KOSMOS_SM90_TILE=tile, KOSMOS_POISON_OUTPUT="1")
+  env = dict(os.environ, KOSMOS_POISON_OUTPUT="1")
+  env.pop("KOSMOS_SM90_TILE", None)
+  if tile:
+    env["KOSMOS_SM90_TILE"] = tile
   r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(problems)], env=env, capture_output=True, text=True,
                      timeout=300)
   lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
@@ -179,17 +182,24 @@ def test_forced_tile_shape():
   assert out["runs"] == {"sm90_128x128": 1} and out["errs"][0] < 1e-2, out
   bad, out = _in_child("64x64", problem)
   assert out is None and "KOSMOS_SM90_TILE=64x64 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
-  assert "128x192" in bad.stderr and "split" in bad.stderr, bad.stderr[-3000:]
+  assert "128x192" in bad.stderr and "single" in bad.stderr, bad.stderr[-3000:]
 
 
 def test_split_plan_head_and_tail():
-  """KOSMOS_SM90_TILE=split: plan_gemm's head launch of 128x256 tiles over whole
-  waves, then a tail launch of 128x128 over the rest (70B-QKV-like problems,
-  where 320 tiles of 128x256 would run 2.4 waves). TN splits a K-major A, NT an
-  MN-major one (the tail keeps the whole A's leading dimension)."""
+  """By default plan_gemm splits 70B-QKV-like problems (320 tiles of 128x256
+  would run 2.4 waves): a head launch of 128x256 tiles over whole waves, then a
+  tail launch of 128x128 over the rest. TN splits a K-major A, NT an MN-major
+  one (the tail keeps the whole A's leading dimension). KOSMOS_SM90_TILE=single
+  runs the same problems as one launch each."""
   if getattr(_gpu(), "compute_capability", "") != "9.0" or getattr(_gpu(), "core_count", 132) != 132:
     pytest.skip("the split plan asserted here is the one for 132 SMs")
-  r, out = _in_child("split", [("TN", (8192, 1024), (1024, 1280)), ("NT", (1024, 1280), (1024, 8192))])
+  # K = 4096: at K = 1024 the second launch's cost eats the predicted gain (kSplitMinGain).
+  problems = [("TN", (8192, 4096), (4096, 1280)), ("NT", (4096, 1280), (4096, 8192))]
+  r, out = _in_child("", problems)
   assert out is not None, r.stderr[-3000:]
   assert out["runs"] == {"sm90_128x256": 2, "sm90_128x128": 2}, out
+  assert all(e < 1e-2 for e in out["errs"]), out
+  r, out = _in_child("single", problems)
+  assert out is not None, r.stderr[-3000:]
+  assert out["runs"] == {"sm90_128x128": 2}, out
   assert all(e < 1e-2 for e in out["errs"]), out

@@ -12,15 +12,13 @@
 
 namespace kosmos::sm90 {
 
-// 8 tile-rows per band: 8 x 128 rows of A (16 MB at K = 8192) plus the
-// B columns of one band stay within the 50 MB L2 across a wave of 132 CTAs.
-constexpr int kSwizzleGroup = 8;
-
+// group: tile-rows per band of the swizzled order (gemm::swizzle_group).
 template <class Cfg, class OutT>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid_constant__ Params<Cfg> p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid_constant__ Params<Cfg> p,
+                                                                    int group) {
   extern __shared__ char smem_raw[];
   auto& s = shared_storage<Cfg>(smem_raw);
-  const gemm::SwizzledOrder order{gemm::ceil_div(p.M, Cfg::kBM), gemm::ceil_div(p.N, Cfg::kBN), kSwizzleGroup};
+  const gemm::SwizzledOrder order{gemm::ceil_div(p.M, Cfg::kBM), gemm::ceil_div(p.N, Cfg::kBN), group};
   gemm::StaticScheduler sched(order, blockIdx.x, gridDim.x);
   gemm::NoHooks hooks;
   TileEngine<Cfg, OutT, gemm::NoHooks>::run(p, s, sched, hooks);
@@ -48,11 +46,12 @@ cudaError_t prepare_gemm(int* sms) {
 }
 
 // Launches C = A . B for problem `prob` on the current device with `grid` CTAs
-// (<= 0: one per SM; always capped at the tile count). Returns
+// (<= 0: one per SM; always capped at the tile count), walking tiles in bands
+// of `group` tile-rows (<= 0: gemm::swizzle_group's rule). Returns
 // cudaErrorInvalidValue when the problem does not suit TMA (see
 // unsupported()); the caller then uses the portable engine.
 template <class Cfg, class OutT>
-cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream) {
+cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream, int group = 0) {
   if (unsupported(prob, Cfg::kLayout)) return cudaErrorInvalidValue;
   int sms = 0;
   cudaError_t err = prepare_gemm<Cfg, OutT>(&sms);
@@ -60,10 +59,11 @@ cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream
   const Params<Cfg> p = make_params<Cfg>(prob);
   const size_t smem = SharedStorage<Cfg>::kLaunchBytes;
   auto kernel = persistent_gemm<Cfg, OutT>;
-  const int tiles = gemm::ceil_div(prob.M, Cfg::kBM) * gemm::ceil_div(prob.N, Cfg::kBN);
+  const int tiles_m = gemm::ceil_div(prob.M, Cfg::kBM), tiles = tiles_m * gemm::ceil_div(prob.N, Cfg::kBN);
   if (grid <= 0) grid = sms;
   grid = grid < tiles ? grid : tiles;
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p);
+  if (group <= 0) group = gemm::swizzle_group(tiles_m, grid, Cfg::kBM, Cfg::kBN);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, group);
   return cudaGetLastError();
 }
 

@@ -50,21 +50,30 @@ inline TileShape choose_tile(int M, int N, int grid) {
 struct Plan {
   TileShape head, tail;
   int head_rows;  // a multiple of 128, or >= M for one launch
+  int group = 0;  // tile-rows per swizzle band (gemm/tile_order.h); 0: swizzle_group's rule
 };
 
-// Cost of the second launch in time (not yet measured: a launch behind a
-// drained one on the same stream), and the time of one 128x256 k-block on
-// one SM at ~700 TF/s over 132 SMs, which converts it into waves.
+// Cost of the second launch in time (a launch behind a drained one on the
+// same stream), and the time of one 128x256 k-block on one SM at ~700 TF/s
+// over 132 SMs, which converts it into waves.
 constexpr double kSecondLaunchUs = 4.0;
 constexpr double kKBlockUs = 0.79;
+// A split must be predicted this much faster than the single launch: on the
+// 72 paper shapes (H200, 2026-12-01) the splits predicted >= 8% faster were
+// 3-7% faster (70B-QKV, 8B-Down-MBS1); those predicted 0-4% faster measured
+// -6%..+2%, i.e. noise or worse.
+constexpr double kSplitMinGain = 1.05;
 
 inline Plan single(TileShape t, int M) { return Plan{t, t, M}; }
 
 // The plan of least predicted time: choose_tile's single launch, or a head of
-// whole waves of 128x256 or 128x192 tiles and a tail of narrower ones.
+// whole waves of 128x256 or 128x192 tiles and a tail of narrower ones, where
+// that is predicted kSplitMinGain faster.
 inline Plan plan_gemm(int M, int N, int K, int grid) {
-  Plan best = single(choose_tile(M, N, grid), M);
-  double best_cost = predicted_waves(best.head, M, N, grid);
+  const Plan one = single(choose_tile(M, N, grid), M);
+  const double one_cost = predicted_waves(one.head, M, N, grid);
+  Plan best = one;
+  double best_cost = one_cost;
   const double gap = kSecondLaunchUs / (kKBlockUs * gemm::ceil_div(K, 64));  // in 128x256 waves
   const int rows = gemm::ceil_div(M, 128);
   for (TileShape h : {TileShape::k128x256, TileShape::k128x192}) {
@@ -79,7 +88,7 @@ inline Plan plan_gemm(int M, int N, int K, int grid) {
       if (cost < best_cost) best = Plan{h, t, head * 128}, best_cost = cost;
     }
   }
-  return best;
+  return best_cost * kSplitMinGain <= one_cost ? best : one;
 }
 
 // Why a problem cannot run on this engine, or nullptr. TMA needs 16-byte
