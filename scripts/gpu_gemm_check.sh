@@ -4,6 +4,7 @@
 # against cuBLAS. env.log, check.log and bench.log go to $OUT (or ./out): the
 # device tool returns at most 8 files; build logs stay in $BUILD/logs.
 #   SHAPES=quick|all|none   which of the paper's shapes to time (default quick)
+#   ALL_TILES=1             also time every tile shape alone (the wave model's fit)
 #   CUTLASS_INCLUDE=DIR     CuTe/CUTLASS headers; default: the nvidia-cutlass
 #                           package (installed from .whl/ when not importable)
 # Never changes clocks or resets the GPU; uses no NVLink multicast.
