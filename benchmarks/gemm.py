@@ -13,11 +13,12 @@ every arm (cuBLAS, kosmos at full GPU and at each cap) runs windows of ~20 ms of
 pipelined calls, synced once, interleaved back to back in alternating order after
 a 1 s warm-up; the median window per arm. Inputs rotated past the L2. --protocol
 blocks is the earlier protocol (one block of reps per arm, cuBLAS before and after
-the kosmos arms, its faster median kept), which favours cuBLAS's first block.
+the kosmos arms, its faster median kept), which favours cuBLAS's first block;
+blocks-kosmos-first gives that first block to the kosmos arm instead.
 Ratio = cuBLAS time / kosmos time (> 1: faster); cap fraction = kosmos full-GPU
 time / kosmos time under the cap (ideal cap/132).
 
-  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|blocks] [--tile single]
+  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|blocks|blocks-kosmos-first] [--tile single]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
 """
@@ -78,14 +79,16 @@ def rel_err(y, ref):
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
 
 
-def time_blocks(fns, sets, calls, reps, cap_reps):
+def time_blocks(fns, sets, calls, reps, cap_reps, kosmos_first=False):
   """The protocol before 2026-12-01: each arm in its own block of reps, cuBLAS before and after
-  the kosmos arms and its faster median kept. Biased towards cuBLAS's first block, which follows
-  an idle gap and runs at a higher clock (harness.time_interleaved says why)."""
+  the kosmos arms and its faster median kept. Biased towards the first block of a shape, which
+  follows an idle gap and runs at a higher clock (harness.time_interleaved says why); with
+  kosmos_first the full-GPU kosmos arm takes that place instead (to measure the bias)."""
   t = lambda fn, r: harness.time_fn(fn, sets, warmup=2, calls=calls, reps=r)
-  out = {"xla_cublas": t(fns["xla_cublas"], reps)}
+  out = {"kosmos@0": t(fns["kosmos@0"], reps)} if kosmos_first else {}
+  out["xla_cublas"] = t(fns["xla_cublas"], reps)
   for name, fn in fns.items():
-    if name != "xla_cublas":
+    if name not in out:
       out[name] = t(fn, reps if name == "kosmos@0" else cap_reps)
   out["xla_cublas"] = min(out["xla_cublas"], t(fns["xla_cublas"], reps), key=lambda x: x.median_ms)
   return out
@@ -108,7 +111,7 @@ def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved"):
   if protocol == "interleaved":
     times = harness.time_interleaved(fns, sets, calls=calls, rounds=reps)
   else:
-    times = time_blocks(fns, sets, calls, reps, cap_reps)
+    times = time_blocks(fns, sets, calls, reps, cap_reps, kosmos_first=protocol == "blocks-kosmos-first")
   t_xla = times["xla_cublas"]
   rows = [dict(base, arm="xla_cublas", cu_cap=0, median_ms=t_xla.median_ms, min_ms=t_xla.min_ms,
                tflops=flop / t_xla.median_ms * 1e-9, ratio_vs_cublas=1.0, cap_fraction="", engine="cublas",
@@ -194,7 +197,7 @@ def main():
   ap.add_argument("--caps", default="124,116,100,66")
   ap.add_argument("--reps", type=int, default=7, help="windows per arm (interleaved) or reps (blocks)")
   ap.add_argument("--cap-reps", type=int, default=3, help="--protocol blocks: reps of each capped arm")
-  ap.add_argument("--protocol", default="interleaved", choices=("interleaved", "blocks"))
+  ap.add_argument("--protocol", default="interleaved", choices=("interleaved", "blocks", "blocks-kosmos-first"))
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
   ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
