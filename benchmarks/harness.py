@@ -84,12 +84,14 @@ def time_interleaved(fns: dict[str, Callable], input_sets: Sequence[tuple], *, c
   the arms' windows interleaved back to back: round r runs every arm once, in turn, reversing the
   order each round (ABC, CBA, ...), after a warm-up that runs them in turn for `warmup_s`.
 
-  Why: an H200 under sustained GEMM load sits at its 700 W power limit, and its clock follows the
-  draw with a lag. Arms timed in blocks one after the other see different clocks: the block after
-  an idle gap (input generation, compilation) runs at a higher clock than the blocks after it
-  (2026-12-01: the same XLA dot at 773 TF/s in the first block of a shape and ~670 TF/s sustained;
-  nvidia-smi ~1.5 GHz against 1.6 GHz under ncu). Interleaved windows all sit at the same point of
-  that curve, so the ratio compares the kernels, not their places in the schedule.
+  Why: an H200 under GEMM load runs at its 700 W power limit, and what a kernel achieves depends
+  on how long the load has lasted and on what ran just before. Timed in its own 0.3 s
+  block, XLA's dot ran 750-790 TF/s on mid-size shapes, but 670-700 interleaved with ours and
+  ~670 after 2.5 s of sustained load (2026-12-01, benchmarks/RESULTS.md); ours ran ~650-700 in
+  all three. Whichever arm went first, the block protocol gave XLA's dot that margin, so it is
+  not an idle-gap effect; a transient of the power management that favours one kernel is the
+  likely cause (clocks were not sampled in those blocks). Interleaved
+  windows put every arm in the same, sustained state, as a training step's GEMMs run.
   """
   def window(fn, n):
     out = None

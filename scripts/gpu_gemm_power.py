@@ -9,7 +9,7 @@ TF/s, median clock, median power and GFLOP per joule.
 
   python3 scripts/gpu_gemm_power.py [--layout TN] [--shapes 70B-FC1-MBS1,405B-FC1-MBS8] [--seconds 3]
   python3 scripts/gpu_gemm_power.py --impl reference --mnk 256,256,256 --seconds 0.2   # CPU smoke run
-Writes benchmarks/out/gemm_power.csv (--out). Not yet run on a GPU (written 2026-12-01).
+Writes benchmarks/out/gemm_power.csv (--out). First run: benchmarks/RESULTS.md, 2026-12-01 (session 13).
 """
 from __future__ import annotations
 
