@@ -15,11 +15,12 @@ a 1 s warm-up; the median window per arm. Inputs rotated past the L2. --protocol
 blocks is the earlier protocol (one block of reps per arm, cuBLAS before and after
 the kosmos arms, its faster median kept), in whose 0.3 s blocks XLA's dot runs
 ~12% faster than interleaved or sustained (ours does not; likely a transient of
-the power limit, clocks not sampled there); blocks-kosmos-first times ours first.
+the power limit, clocks not sampled there); blocks-kosmos-first times ours first. --protocol sustained times each arm in its own
+steady state (harness.time_sustained: --settle-s seconds of load, then the windows).
 Ratio = cuBLAS time / kosmos time (> 1: faster); cap fraction = kosmos full-GPU
 time / kosmos time under the cap (ideal cap/132).
 
-  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|blocks|blocks-kosmos-first] [--tile single]
+  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|sustained|blocks|blocks-kosmos-first] [--tile single]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
 """
@@ -96,7 +97,7 @@ def time_blocks(fns, sets, calls, reps, cap_reps, kosmos_first=False):
   return out
 
 
-def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved"):
+def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved", settle_s=2.0):
   M, N, K = sh["M"], sh["N"], sh["K"]
   flop = 2.0 * M * N * K
   sets = harness.rotation(lambda i: make_inputs(layout, M, N, K, i), 2 * (M * K + N * K))
@@ -112,6 +113,8 @@ def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved"):
     engines[name] = "+".join(e for e, n in engine_runs().items() if n != before[e])
   if protocol == "interleaved":
     times = harness.time_interleaved(fns, sets, calls=calls, rounds=reps)
+  elif protocol == "sustained":
+    times = harness.time_sustained(fns, sets, calls=calls, reps=reps, settle_s=settle_s)
   else:
     times = time_blocks(fns, sets, calls, reps, cap_reps, kosmos_first=protocol == "blocks-kosmos-first")
   t_xla = times["xla_cublas"]
@@ -199,7 +202,10 @@ def main():
   ap.add_argument("--caps", default="124,116,100,66")
   ap.add_argument("--reps", type=int, default=7, help="windows per arm (interleaved) or reps (blocks)")
   ap.add_argument("--cap-reps", type=int, default=3, help="--protocol blocks: reps of each capped arm")
-  ap.add_argument("--protocol", default="interleaved", choices=("interleaved", "blocks", "blocks-kosmos-first"))
+  ap.add_argument("--protocol", default="interleaved",
+                  choices=("interleaved", "sustained", "blocks", "blocks-kosmos-first"))
+  ap.add_argument("--settle-s", type=float, default=2.0, help="--protocol sustained: seconds of load per arm "
+                  "before its timed windows")
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
   ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
@@ -214,7 +220,7 @@ def main():
   rows, t0 = [], time.time()
   for layout in args.layouts.split(","):
     for sh in harness.paper_shapes(KERNEL_OF[layout])[: args.limit]:
-      rs = bench_shape(layout, sh, caps, args.reps, args.cap_reps, args.protocol)
+      rs = bench_shape(layout, sh, caps, args.reps, args.cap_reps, args.protocol, args.settle_s)
       rows += rs
       k = rs[1]
       print(f"{time.time() - t0:6.1f}s {layout} {sh['name']:16s} M={sh['M']:6d} N={sh['N']:6d} K={sh['K']:6d} "

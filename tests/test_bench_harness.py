@@ -27,3 +27,37 @@ def test_time_interleaved_alternates_arms_and_keeps_them_apart():
   assert set(out) == {"a", "b"} and all(t.reps == 4 and t.calls_per_rep == 3 for t in out.values())
   assert log == list("aaabbb" "bbbaaa" "aaabbb" "bbbaaa")  # no warm-up windows at warmup_s=0
   assert 0.9 < out["a"].median_ms < 3.5 and 3.9 < out["b"].median_ms < 8, out
+
+
+def test_time_sustained_settles_each_arm_then_times_it_alone():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import harness
+  log = []
+
+  def arm(name):
+    def fn(x):
+      log.append(name)
+      return x
+    return fn
+
+  sets = [(jnp.zeros(4),)]
+  out = harness.time_sustained({"a": arm("a"), "b": arm("b")}, sets, calls=3, reps=2, settle_s=0.0)
+  assert set(out) == {"a", "b"} and all(t.reps == 2 and t.calls_per_rep == 3 for t in out.values())
+  assert log == ["a"] * (2 + 6) + ["b"] * (2 + 6)  # two settling calls at settle_s=0, then 2 x 3 timed
+
+
+def test_gemm_bench_shape_rows_under_every_protocol(monkeypatch):
+  """benchmarks/gemm.py's per-shape plumbing on CPU, its kosmos arm swapped for the reference
+  twin (the fused one needs a GPU): one cuBLAS row, then a full-GPU and a capped kosmos row."""
+  import functools
+  import jax
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import gemm
+  from kosmos_jax import ops
+  monkeypatch.setattr(gemm, "kosmos", lambda layout, cap: jax.jit(
+      functools.partial(ops.matmul, layout=layout, impl="reference")))
+  sh = dict(name="tiny", M=64, N=32, K=48)
+  for protocol in ("interleaved", "sustained", "blocks", "blocks-kosmos-first"):
+    rows = gemm.bench_shape("NT", sh, [100], reps=2, cap_reps=1, protocol=protocol, settle_s=0.0)
+    assert [(r["arm"], r["cu_cap"]) for r in rows] == [("xla_cublas", 0), ("kosmos", 0), ("kosmos", 100)], protocol
+    assert rows[1]["rel_err_vs_cublas"] < 1e-2 and all(r["median_ms"] > 0 for r in rows), rows
