@@ -120,24 +120,8 @@ def time_sustained(fns: dict[str, Callable], input_sets: Sequence[tuple], *, cal
   own steady state under the power limit, as a long run of that kernel alone would see it; the
   counterpart of time_interleaved (shared state) and of time_fn's short blocks (the transient).
   """
-  out = {}
-  for name, fn in fns.items():
-    t0, i, last = time.perf_counter(), 0, None
-    while time.perf_counter() - t0 < settle_s or i < 2:
-      last = fn(*input_sets[i % len(input_sets)])
-      i += 1
-      if i % 8 == 0:
-        jax.block_until_ready(last)
-    jax.block_until_ready(last)
-    per_call = []
-    for _ in range(reps):
-      t = time.perf_counter()
-      for j in range(calls):
-        last = fn(*input_sets[j % len(input_sets)])
-      jax.block_until_ready(last)
-      per_call.append(_slowest_rank((time.perf_counter() - t) * 1e3 / calls))
-    out[name] = Timing(statistics.median(per_call), min(per_call), reps, calls)
-  return out
+  return {name: time_fn(fn, input_sets, warmup=2, calls=calls, reps=reps, warmup_s=settle_s)
+          for name, fn in fns.items()}
 
 
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
