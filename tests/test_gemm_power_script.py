@@ -21,3 +21,17 @@ def test_power_script_smoke(tmp_path):
   assert [(r["arm"], r["rep"]) for r in rows] == [("xla_cublas", "0"), ("kosmos_reference", "0"),
                                                   ("xla_cublas", "1"), ("kosmos_reference", "1")]
   assert all(int(r["calls"]) >= 8 for r in rows)
+
+
+def test_profile_once_script_smoke():
+  """scripts/gemm_profile_once.py (run under ncu by gpu_gemm_ncu.sh) on CPU: both arms are
+  compiled and called once in the profiled range (a no-op without libcuda)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  proc = subprocess.run([sys.executable, "scripts/gemm_profile_once.py", "--impl", "reference", "--layout", "TN",
+                         "--shape", "8B-QKV-MBS1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert [l.split(":")[0] for l in proc.stdout.splitlines() if l.startswith("profiled")] == [
+      "profiled xla_cublas", "profiled kosmos"]
+  bad = subprocess.run([sys.executable, "scripts/gemm_profile_once.py", "--impl", "reference", "--shape", "nope"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "unknown shape 'nope'" in bad.stderr

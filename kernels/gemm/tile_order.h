@@ -26,9 +26,9 @@ struct SwizzledOrder {
 // Tile-rows per band for `grid` CTAs running tiles of bm x bn at once. A wave
 // of g tile-rows by grid/g tile-columns reads g*bm rows of A and (grid/g)*bn
 // rows of B per k-block from DRAM (each is read once and shared through L2),
-// least at g = sqrt(grid * bn / bm): 16 for 128x256 tiles on 132 SMs, where 8
-// read ~26% more (ncu, 2026-12-01: 1.32 GB of DRAM reads for 70B-FC1-MBS1 at
-// group 8 against cuBLAS's 1.05 GB). Capped at the problem's tile-rows.
+// least at g = sqrt(grid * bn / bm): 16 for 128x256 tiles on 132 SMs, ~21%
+// less than at 8 by this count (ncu, 2026-12-01, 70B-FC1-MBS1: group 8 read
+// 1.32 GB from DRAM, cuBLAS's kernel 1.05 GB). Capped at the problem's tile-rows.
 KOSMOS_HD inline int swizzle_group(int tiles_m, int grid, int bm, int bn) {
   int g = 1;
   while ((long long)(g + 1) * (g + 1) * bm <= (long long)grid * bn) ++g;
