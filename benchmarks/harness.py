@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 import pathlib
 import statistics
 import subprocess
@@ -53,6 +54,28 @@ def _slowest_rank(ms: float) -> float:
   return float(np.max(multihost_utils.process_allgather(np.array([ms]))))
 
 
+def _warm(step: Callable[[int], object], first: int, seconds: float) -> None:
+  """Calls step(0), step(1), ...: `first` times (at least once if seconds > 0), then as many
+  more as that pace needs to fill `seconds`. The count comes from the slowest rank's pace, so
+  every process makes the same calls: a collective arm on a rank that made one call more would
+  wait for its peers forever."""
+  first = max(first, 1 if seconds > 0 else 0)
+  out, t0 = None, time.perf_counter()
+  for i in range(first):
+    out = step(i)
+    if i % 8 == 7:
+      jax.block_until_ready(out)  # keep the clock check honest: time the work, not the queueing
+  jax.block_until_ready(out)
+  if first == 0:
+    return
+  ms = _slowest_rank((time.perf_counter() - t0) * 1e3)
+  for i in range(first, first + math.ceil(max(0.0, seconds * 1e3 - ms) / max(ms / first, 1e-6))):
+    out = step(i)
+    if i % 8 == 7:
+      jax.block_until_ready(out)
+  jax.block_until_ready(out)
+
+
 def time_fn(fn: Callable, input_sets: Sequence[tuple], *, warmup: int = 5, calls: int = 20,
             reps: int = 5, warmup_s: float = 0.25) -> Timing:
   """Median over `reps` of (time of `calls` pipelined calls, synced once) / calls.
@@ -61,13 +84,7 @@ def time_fn(fn: Callable, input_sets: Sequence[tuple], *, warmup: int = 5, calls
   GPU sits at a low clock between measurements (seen at 345 MHz on H200), and a
   couple of calls do not bring it back, which flatters whichever arm runs later.
   """
-  out, i, t0 = None, 0, time.perf_counter()
-  while i < warmup or time.perf_counter() - t0 < warmup_s:
-    out = fn(*input_sets[i % len(input_sets)])
-    if i % 8 == 7:
-      jax.block_until_ready(out)  # keep the clock check honest: time the work, not the queueing
-    i += 1
-  jax.block_until_ready(out)
+  _warm(lambda i: fn(*input_sets[i % len(input_sets)]), warmup, warmup_s)
   per_call = []
   for _ in range(reps):
     t0 = time.perf_counter()
@@ -78,11 +95,12 @@ def time_fn(fn: Callable, input_sets: Sequence[tuple], *, warmup: int = 5, calls
   return Timing(statistics.median(per_call), min(per_call), reps, calls)
 
 
-def time_interleaved(fns: dict[str, Callable], input_sets: Sequence[tuple], *, calls: int = 20, rounds: int = 7,
-                     warmup_s: float = 1.0) -> dict[str, Timing]:
+def time_interleaved(fns: dict[str, Callable], input_sets: Sequence[tuple] | dict[str, Sequence[tuple]], *,
+                     calls: int | dict[str, int] = 20, rounds: int = 7, warmup_s: float = 1.0) -> dict[str, Timing]:
   """Per arm, the median over `rounds` of (time of `calls` pipelined calls, synced once) / calls,
   the arms' windows interleaved back to back: round r runs every arm once, in turn, reversing the
   order each round (ABC, CBA, ...), after a warm-up that runs them in turn for `warmup_s`.
+  input_sets and calls are shared, or given per arm (dicts keyed like fns).
 
   Why: an H200 under GEMM load runs at its 700 W power limit, and what a kernel achieves depends
   on how long the load has lasted and on what ran just before. Timed in its own 0.3 s
@@ -93,24 +111,24 @@ def time_interleaved(fns: dict[str, Callable], input_sets: Sequence[tuple], *, c
   likely cause (clocks were not sampled in those blocks). Interleaved
   windows put every arm in the same, sustained state, as a training step's GEMMs run.
   """
-  def window(fn, n):
+  names = list(fns)
+  sets = {n: input_sets[n] if isinstance(input_sets, dict) else input_sets for n in names}
+  count = {n: calls[n] if isinstance(calls, dict) else calls for n in names}
+
+  def window(name, n):
     out = None
     for i in range(n):
-      out = fn(*input_sets[i % len(input_sets)])
+      out = fns[name](*sets[name][i % len(sets[name])])
     jax.block_until_ready(out)
 
-  names = list(fns)
-  t0 = time.perf_counter()
-  while time.perf_counter() - t0 < warmup_s:
-    for name in names:
-      window(fns[name], max(2, calls // 4))
+  _warm(lambda _: [window(name, max(2, count[name] // 4)) for name in names], 0, warmup_s)
   per_call = {name: [] for name in names}
   for r in range(rounds):
     for name in (names if r % 2 == 0 else names[::-1]):
       t = time.perf_counter()
-      window(fns[name], calls)
-      per_call[name].append(_slowest_rank((time.perf_counter() - t) * 1e3 / calls))
-  return {name: Timing(statistics.median(v), min(v), rounds, calls) for name, v in per_call.items()}
+      window(name, count[name])
+      per_call[name].append(_slowest_rank((time.perf_counter() - t) * 1e3 / count[name]))
+  return {name: Timing(statistics.median(v), min(v), rounds, count[name]) for name, v in per_call.items()}
 
 
 def time_sustained(fns: dict[str, Callable], input_sets: Sequence[tuple], *, calls: int = 20, reps: int = 5,

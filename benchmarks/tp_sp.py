@@ -15,15 +15,20 @@ one run (DESIGN.md §7):
 
 Shapes: M total rows, N and K per rank as the paper gives them (--shape-map paper, the
 default), or the TP-split dim scaled by 8/t (--shape-map scaled; tp_sp_arms docstring).
-Timing: harness.time_fn (rotated inputs past the L2, pipelined calls, median, slowest
-rank). floor = max(best GEMM alone, collective alone) (communication fully hidden
+Timing (--protocol interleaved, the default): every arm variant of a shape is probed
+(compile + one call; a variant slower than --slow-ms is timed on that one call), then all
+are timed in one harness.time_interleaved run: windows of ~--target-ms pipelined calls,
+interleaved back to back, median window per variant, slowest rank; rotated inputs past the
+L2. --protocol blocks times each variant in its own harness.time_fn block (before
+2026-12-01), where a kernel's first 0.3 s can run faster than sustained (RESULTS.md). floor = max(best GEMM alone, collective alone) (communication fully hidden
 behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
 frac_of_floor = floor / arm time; speedup_vs_xla = xla time / arm time. An arm that
 cannot run is recorded with its reason (status unavailable / failed / not_run), never
 replaced by another implementation.
 
   python benchmarks/tp_sp.py [--kernels ag_tn,tn_rs] [--shapes all|quick|NAME,...]
-      [--arms xla,...] [--dtype bf16] [--reps 5] [--budget-s 0] [--fused-knobs band_rows=8] [--smoke]
+      [--arms xla,...] [--dtype bf16] [--reps 5] [--protocol interleaved|blocks] [--budget-s 0]
+      [--fused-knobs band_rows=8] [--smoke]
 Writes <out-dir>/tp_sp<tag>.csv, tp_sp<tag>_<kernel>.png, tp_sp<tag>_summary.md, appends
 the summary to benchmarks/RESULTS.md (not with --smoke / --no-append), and copies the
 CSV, plots and summary (as tp_sp_summary.md) into $OUT when OUT is set.
@@ -69,7 +74,10 @@ def parse_args(argv=None):
   ap.add_argument("--shapes", default="all", help="all | quick | comma-separated shape names")
   ap.add_argument("--arms", default=",".join(FAMILIES))
   ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-  ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--reps", type=int, default=5, help="timed windows per arm variant")
+  ap.add_argument("--protocol", default="interleaved", choices=("interleaved", "blocks"),
+                  help="interleaved: every arm of a shape in one interleaved run of windows (harness."
+                  "time_interleaved); blocks: one block per arm, as before 2026-12-01")
   ap.add_argument("--tp", type=int, default=0, help="ranks (default: every device)")
   ap.add_argument("--shape-map", default="paper", choices=("paper", "scaled"),
                   help="paper: M total, N and K per rank as the paper gives them; scaled: TP-split dim x 8/TP")
@@ -123,19 +131,40 @@ def select_shapes(kernel, spec, smoke):
 
 # ---- timing ------------------------------------------------------------------------
 
-def measure(fn, sets, args):
-  """(Timing, note). One compile call and one probe call size the repetitions; an arm
-  slower than --slow-ms per call (e.g. a SIMT fallback) is timed on a single call so
-  it cannot eat the device time of the whole run."""
+def probe(fn, sets, args):
+  """(calls per timed window, Timing or None, note). One compile call and one probe call size
+  the windows; an arm slower than --slow-ms per call (e.g. a SIMT fallback) is timed here on
+  a single call, so it cannot eat the device time of the whole run."""
   jax.block_until_ready(fn(*sets[0]))
   t0 = time.perf_counter()
   jax.block_until_ready(fn(*sets[-1]))
   one_ms = (time.perf_counter() - t0) * 1e3
   if one_ms > args.slow_ms:
     t = harness.time_fn(fn, sets, warmup=0, calls=1, reps=1, warmup_s=0.0)
-    return t, f"slow arm ({one_ms:.0f} ms/call): one call timed"
-  calls = max(2, min(20, round(args.target_ms / max(one_ms, 1e-3))))
-  return harness.time_fn(fn, sets, warmup=2, calls=calls, reps=args.reps, warmup_s=args.warmup_s), ""
+    return 1, t, f"slow arm ({one_ms:.0f} ms/call): one call timed"
+  return max(2, min(20, round(args.target_ms / max(one_ms, 1e-3)))), None, ""
+
+
+def time_candidates(cands, args):
+  """Times every probed variant of one problem that probe() did not time already
+  (cand: dict with fn, sets, calls, timing). --protocol interleaved: all of them in one
+  harness.time_interleaved, so every arm sees the same sustained power state (as in
+  benchmarks/gemm.py); blocks: one harness.time_fn block each, in arm order."""
+  todo = [c for c in cands if c["timing"] is None]
+  if not todo:
+    return
+  if args.protocol == "blocks":
+    for c in todo:
+      c["timing"] = harness.time_fn(c["fn"], c["sets"], warmup=2, calls=c["calls"], reps=args.reps,
+                                    warmup_s=args.warmup_s)
+    return
+  keys = [str(i) for i in range(len(todo))]
+  times = harness.time_interleaved({k: c["fn"] for k, c in zip(keys, todo)},
+                                   {k: c["sets"] for k, c in zip(keys, todo)},
+                                   calls={k: c["calls"] for k, c in zip(keys, todo)}, rounds=args.reps,
+                                   warmup_s=4 * args.warmup_s)
+  for k, c in zip(keys, todo):
+    c["timing"] = times[k]
 
 
 @jax.jit
@@ -192,9 +221,10 @@ def plan(pb, family, args):
   return [("fixed_split_56", lambda: A.arm_fixed_split(pb, [crew])), ("fixed_split_best", best)]
 
 
-def run_arm(pb, arm, build, inputs, args, prior=()):
-  """One CSV row: the best variant's timing, or the reason there is none. Returns
-  (row, measured) where measured = [(variant, Timing, note, fn, kind)]."""
+def prepare_arm(pb, arm, build, inputs, args):
+  """(row, candidates): the arm's row, with status/reason where it cannot run, and its
+  probed variants [{variant, fn, kind, sets, calls, timing, note}] (timing None until
+  time_candidates)."""
   row = dict.fromkeys(COLUMNS, "")
   row.update(kernel=pb.kernel, shape=pb.name, tp=pb.tp, M=pb.M, N=pb.N, K=pb.K, arm=arm)
   if args.budget_s and time.time() - args.t0 > args.budget_s:
@@ -205,47 +235,66 @@ def run_arm(pb, arm, build, inputs, args, prior=()):
     return dict(row, status="unavailable" if isinstance(e, A.Unavailable) else "not_run", reason=str(e)), []
   except Exception as e:  # building the arm failed here: a result, not a crash
     return dict(row, status="failed", reason=_short(e)), []
-  measured, fails = list(prior), []
+  cands, fails = [], []
   for name, v in variants.items():
     if isinstance(v, Exception):
       fails.append(f"[{name}] {_short(v)}")
       continue
     try:
-      t, note = measure(v[0], inputs(v[1]), args)
-      measured.append((name, t, note, v[0], v[1]))
+      sets = inputs(v[1])
+      calls, t, note = probe(v[0], sets, args)
+      cands.append(dict(variant=name, fn=v[0], kind=v[1], sets=sets, calls=calls, timing=t, note=note))
     except Exception as e:  # e.g. a tile config the kernel rejects, or out of memory
       fails.append(f"[{name}] {_short(e)}")
-  if not measured:
+  if not cands:
     return dict(row, status="failed", reason="; ".join(fails) or "no variant"), []
-  name, t, note, _, _ = min(measured, key=lambda m: m[1].median_ms)
-  row.update(variant=name, status="ok", reason="; ".join(x for x in [note, *fails] if x)[:2000],
+  return dict(row, reason="; ".join(fails)), cands
+
+
+def finish_arm(pb, row, cands):
+  """The row of the arm's fastest timed variant."""
+  best = min(cands, key=lambda c: c["timing"].median_ms)
+  t = best["timing"]
+  row.update(variant=best["variant"], status="ok", reason="; ".join(x for x in [best["note"], row["reason"]] if x)[:2000],
              median_ms=t.median_ms, min_ms=t.min_ms, calls=t.calls_per_rep, reps=t.reps,
              tflops=pb.flop / t.median_ms * 1e-9)
-  return row, measured
+  return row
 
 
 def bench_problem(pb, args):
-  """Every requested arm on one problem, then the columns relative to xla and the floor."""
-  inputs, rows, ref = Inputs(pb), [], None
+  """Every requested arm on one problem, timed together, then the columns relative to xla
+  and the floor. fixed_split_best is the best of its sweep and of fixed_split_56."""
+  inputs, prepared = Inputs(pb), []
   for family in args.arms:
     for arm, build in plan(pb, family, args):
-      prior = ()
       if arm == "fixed_split_best":
-        prior = [m for r, ms in rows if r["arm"] == "fixed_split_56" for m in ms]
-        if any("slow arm" in m[2] for m in prior):
+        prior = [c for a, _, cs in prepared if a == "fixed_split_56" for c in cs]
+        if any("slow arm" in c["note"] for c in prior):
           build = functools.partial(_refuse, "sweep skipped: the fused op is slower than --slow-ms")
-      row, measured = run_arm(pb, arm, build, inputs, args, prior)
-      if row["status"] == "ok" and arm in COMPARED:
-        best = min(measured, key=lambda m: m[1].median_ms)
-        y = best[3](*inputs(best[4])[0])
+      row, cands = prepare_arm(pb, arm, build, inputs, args)
+      prepared.append((arm, row, cands))
+  try:
+    time_candidates([c for _, _, cs in prepared for c in cs], args)
+  except Exception as e:  # a failure inside the timed windows fails every arm of the problem
+    return derive([dict(row, status="failed", reason=f"timing: {_short(e)}") if cs else row
+                   for _, row, cs in prepared])
+  rows, ref = [], None
+  for arm, row, cands in prepared:
+    if cands:
+      if arm == "fixed_split_best":
+        cands = cands + [c for a, _, cs in prepared if a == "fixed_split_56" for c in cs]
+      row = finish_arm(pb, row, cands)
+      if arm in COMPARED:
+        best = min(cands, key=lambda c: c["timing"].median_ms)
+        y = best["fn"](*best["sets"][0])
         if arm == "xla":
           ref = y
         elif ref is not None:
           row["rel_err_vs_xla"] = float(_rel_err(y, ref))
         del y
-      rows.append((row, measured))
-  del inputs, ref
-  return derive([r for r, _ in rows])
+    rows.append(row)
+  del inputs, ref, prepared
+  return derive(rows)
 
 
 def derive(rows):

@@ -61,3 +61,31 @@ def test_gemm_bench_shape_rows_under_every_protocol(monkeypatch):
     rows = gemm.bench_shape("NT", sh, [100], reps=2, cap_reps=1, protocol=protocol, settle_s=0.0)
     assert [(r["arm"], r["cu_cap"]) for r in rows] == [("xla_cublas", 0), ("kosmos", 0), ("kosmos", 100)], protocol
     assert rows[1]["rel_err_vs_cublas"] < 1e-2 and all(r["median_ms"] > 0 for r in rows), rows
+
+
+def test_time_interleaved_per_arm_inputs_and_calls():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import harness
+  seen = []
+  fn = lambda tag: (lambda x: seen.append((tag, float(x[0]))) or x)
+  sets = {"a": [(jnp.zeros(1),)], "b": [(jnp.ones(1),), (2 * jnp.ones(1),)]}
+  out = harness.time_interleaved({"a": fn("a"), "b": fn("b")}, sets, calls={"a": 1, "b": 2}, rounds=2,
+                                 warmup_s=0.0)
+  assert (out["a"].calls_per_rep, out["b"].calls_per_rep) == (1, 2)
+  assert seen == [("a", 0.0), ("b", 1.0), ("b", 2.0), ("b", 1.0), ("b", 2.0), ("a", 0.0)]
+
+
+def test_warm_up_fills_its_time_from_the_first_calls_pace():
+  """harness._warm: `first` calls, then as many as their pace needs to fill the time (a count
+  every process agrees on, so collective arms stay matched); no calls when neither is asked."""
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import harness
+  calls = []
+  harness._warm(lambda i: calls.append(i), 3, 0.0)
+  assert calls == [0, 1, 2]
+  calls.clear()
+  harness._warm(lambda i: calls.append(i), 0, 0.0)
+  assert calls == []
+  calls.clear()
+  harness._warm(lambda i: (calls.append(i), time.sleep(0.01)), 1, 0.06)
+  assert 4 <= len(calls) <= 7 and calls == list(range(len(calls))), calls

@@ -94,3 +94,16 @@ def test_fused_knobs_are_parsed_and_checked():
   assert tp_sp.parse_args([]).fused_knobs == {}
   with pytest.raises(SystemExit):
     tp_sp.parse_args(["--fused-knobs", "band_rows=eight"])
+
+
+def test_block_protocol_smoke(tmp_path):
+  """--protocol blocks (one timing block per arm, the protocol before 2026-12-01) still runs."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  env.pop("OUT", None)
+  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--protocol", "blocks", "--kernels", "ag_tn",
+                         "--arms", "xla,gemm_alone", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with (tmp_path / "tp_sp.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert {r["arm"] for r in rows if r["status"] == "ok"} >= {"xla", "gemm_alone_xla"}, rows
