@@ -107,3 +107,18 @@ def test_block_protocol_smoke(tmp_path):
   with (tmp_path / "tp_sp.csv").open() as f:
     rows = list(csv.DictReader(f))
   assert {r["arm"] for r in rows if r["status"] == "ok"} >= {"xla", "gemm_alone_xla"}, rows
+
+
+def test_smoke_at_tp8(tmp_path):
+  """The benchmark at TP = 8 (issue 7's run) on 8 CPU virtual devices: every row has tp 8 and
+  the XLA arms ran."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env.pop("OUT", None)
+  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--arms", "xla,comm_alone,gemm_alone",
+                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with (tmp_path / "tp_sp.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert rows and {r["tp"] for r in rows} == {"8"}
+  assert {(r["kernel"], r["arm"]) for r in rows if r["status"] == "ok"} >= {
+      (k, a) for k in ("ag_tn", "tn_rs") for a in ("xla", "comm_alone", "gemm_alone_xla")}, rows
