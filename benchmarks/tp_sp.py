@@ -20,8 +20,8 @@ Timing (--protocol interleaved, the default): every arm variant of a shape is pr
 are timed in one harness.time_interleaved run: windows of ~--target-ms pipelined calls,
 interleaved back to back, median window per variant, slowest rank; rotated inputs past the
 L2. --protocol blocks times each variant in its own harness.time_fn block (before
-2026-12-01), where a kernel's first 0.3 s can run faster than sustained (RESULTS.md). floor = max(best GEMM alone, collective alone) (communication fully hidden
-behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
+2026-12-01), where a kernel's first 0.3 s can run faster than sustained (RESULTS.md).
+floor = max(best GEMM alone, collective alone) (communication fully hidden behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
 frac_of_floor = floor / arm time; speedup_vs_xla = xla time / arm time. An arm that
 cannot run is recorded with its reason (status unavailable / failed / not_run), never
 replaced by another implementation.
@@ -147,22 +147,32 @@ def probe(fn, sets, args):
 
 def time_candidates(cands, args):
   """Times every probed variant of one problem that probe() did not time already
-  (cand: dict with fn, sets, calls, timing). --protocol interleaved: all of them in one
+  (cand: dict with fn, sets, calls, timing); a variant whose timing raised keeps timing
+  None and gets its "error". --protocol interleaved: all of them in one
   harness.time_interleaved, so every arm sees the same sustained power state (as in
-  benchmarks/gemm.py); blocks: one harness.time_fn block each, in arm order."""
+  benchmarks/gemm.py; a failure there fails them all); blocks: one harness.time_fn block
+  each, in arm order."""
   todo = [c for c in cands if c["timing"] is None]
-  if not todo:
-    return
   if args.protocol == "blocks":
     for c in todo:
-      c["timing"] = harness.time_fn(c["fn"], c["sets"], warmup=2, calls=c["calls"], reps=args.reps,
-                                    warmup_s=args.warmup_s)
+      try:
+        c["timing"] = harness.time_fn(c["fn"], c["sets"], warmup=2, calls=c["calls"], reps=args.reps,
+                                      warmup_s=args.warmup_s)
+      except Exception as e:  # e.g. out of memory in one variant
+        c["error"] = _short(e)
+    return
+  if not todo:
     return
   keys = [str(i) for i in range(len(todo))]
-  times = harness.time_interleaved({k: c["fn"] for k, c in zip(keys, todo)},
-                                   {k: c["sets"] for k, c in zip(keys, todo)},
-                                   calls={k: c["calls"] for k, c in zip(keys, todo)}, rounds=args.reps,
-                                   warmup_s=4 * args.warmup_s)
+  try:
+    times = harness.time_interleaved({k: c["fn"] for k, c in zip(keys, todo)},
+                                     {k: c["sets"] for k, c in zip(keys, todo)},
+                                     calls={k: c["calls"] for k, c in zip(keys, todo)}, rounds=args.reps,
+                                     warmup_s=4 * args.warmup_s)
+  except Exception as e:
+    for c in todo:
+      c["error"] = f"interleaved timing: {_short(e)}"
+    return
   for k, c in zip(keys, todo):
     c["timing"] = times[k]
 
@@ -273,16 +283,18 @@ def bench_problem(pb, args):
           build = functools.partial(_refuse, "sweep skipped: the fused op is slower than --slow-ms")
       row, cands = prepare_arm(pb, arm, build, inputs, args)
       prepared.append((arm, row, cands))
-  try:
-    time_candidates([c for _, _, cs in prepared for c in cs], args)
-  except Exception as e:  # a failure inside the timed windows fails every arm of the problem
-    return derive([dict(row, status="failed", reason=f"timing: {_short(e)}") if cs else row
-                   for _, row, cs in prepared])
+  time_candidates([c for _, _, cs in prepared for c in cs], args)
   rows, ref = [], None
   for arm, row, cands in prepared:
+    errors = [f"[{c['variant']}] {c['error']}" for c in cands if "error" in c]
+    if arm == "fixed_split_best" and cands:
+      cands = cands + [c for a, _, cs in prepared if a == "fixed_split_56" for c in cs]
+    cands = [c for c in cands if c["timing"] is not None]
+    if errors:
+      row = dict(row, reason="; ".join(x for x in [row["reason"], *errors] if x))
+    if not cands and errors:
+      row = dict(row, status="failed")
     if cands:
-      if arm == "fixed_split_best":
-        cands = cands + [c for a, _, cs in prepared if a == "fixed_split_56" for c in cs]
       row = finish_arm(pb, row, cands)
       if arm in COMPARED:
         best = min(cands, key=lambda c: c["timing"].median_ms)

@@ -122,3 +122,28 @@ def test_smoke_at_tp8(tmp_path):
   assert rows and {r["tp"] for r in rows} == {"8"}
   assert {(r["kernel"], r["arm"]) for r in rows if r["status"] == "ok"} >= {
       (k, a) for k in ("ag_tn", "tn_rs") for a in ("xla", "comm_alone", "gemm_alone_xla")}, rows
+
+
+def test_time_candidates_records_failures():
+  """A variant that raises while timed gets an "error" and no timing: under blocks only it
+  fails, interleaved it fails every variant timed with it (one shared run)."""
+  import types
+  import jax.numpy as jnp
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import tp_sp
+
+  def boom(x):
+    raise RuntimeError("out of memory")
+
+  def cands():
+    sets = [(jnp.zeros(2),)]
+    return [dict(variant="ok", fn=lambda x: x, sets=sets, calls=2, timing=None, note=""),
+            dict(variant="bad", fn=boom, sets=sets, calls=2, timing=None, note="")]
+  args = types.SimpleNamespace(protocol="blocks", reps=2, warmup_s=0.0)
+  cs = cands()
+  tp_sp.time_candidates(cs, args)
+  assert cs[0]["timing"] is not None and "error" not in cs[0]
+  assert cs[1]["timing"] is None and "out of memory" in cs[1]["error"]
+  cs = cands()
+  tp_sp.time_candidates(cs, types.SimpleNamespace(protocol="interleaved", reps=2, warmup_s=0.0))
+  assert all(c["timing"] is None and "interleaved timing" in c["error"] for c in cs)
