@@ -5,7 +5,8 @@
 # sustained power state, ~3 min), ncu of XLA's dot vs ours on one shape, then
 # the GPU matmul tests with the time that is left. At most 8 files land in $OUT
 # (the device tool returns no more). Carry the nvidia-cutlass wheel in .whl/.
-#   PROTOCOLS="sustained"  CAPS=116  NCU_SHAPE=70B-FC1-MBS1  TESTS=tests/gpu/test_matmul.py|none
+#   PROTOCOLS="sustained"  CAPS=116  NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN; the second is
+#   our worst)  TESTS=tests/gpu/test_matmul.py|none
 #   BUDGET_S=570: a step that would not fit is skipped, and says so
 # Never changes clocks or resets the GPU; uses no NVLink multicast.
 set -uo pipefail
@@ -24,12 +25,11 @@ for proto in ${PROTOCOLS:-sustained}; do
   cp benchmarks/out/gemm.csv "$OUT/gemm_$proto.csv" 2>/dev/null
   grep -E "^\| (TN|NN|NT) |^\| 116 |acceptance" "$OUT/gemm_$proto.log"
 done
-if [ "$(left)" -gt 45 ]; then
-  NCU_TIMEOUT=$(( $(left) - 15 )) bash scripts/gpu_gemm_ncu.sh TN "${NCU_SHAPE:-70B-FC1-MBS1}" \
+for shape in ${NCU_SHAPES:-70B-FC1-MBS1 8B-FC1-MBS4}; do
+  [ "$(left)" -gt 45 ] || { echo "skipped ncu $shape: $(left) s left"; continue; }
+  NCU_TIMEOUT=$(( $(left) - 15 )) bash scripts/gpu_gemm_ncu.sh TN "$shape" \
     | grep -E "nvjet|persistent|Duration|dram__bytes|hmma"
-else
-  echo "skipped ncu: $(left) s left"
-fi
+done
 if [ "$RUN_TESTS" != none ] && [ "$(left)" -gt 30 ]; then
   KOSMOS_TEST_PLATFORMS=cuda,cpu timeout $(left) $PY -m pytest -q -x -p no:cacheprovider $RUN_TESTS \
     > "$OUT/pytest.log" 2>&1; echo "pytest rc=$? at ${SECONDS}s (124: cut at the budget)"; tail -2 "$OUT/pytest.log"
