@@ -15,12 +15,14 @@ a 1 s warm-up; the median window per arm. Inputs rotated past the L2. --protocol
 blocks is the earlier protocol (one block of reps per arm, cuBLAS before and after
 the kosmos arms, its faster median kept), in whose 0.3 s blocks XLA's dot runs
 ~12% faster than interleaved or sustained (ours does not; likely a transient of
-the power limit, clocks not sampled there); blocks-kosmos-first times ours first. --protocol sustained times each arm in its own
-steady state (harness.time_sustained: --settle-s seconds of load, then the windows).
+the power limit, clocks not sampled there); blocks-kosmos-first times ours first.
+--protocol sustained times each arm in its own steady state (harness.time_sustained:
+--settle-s seconds of load, then the windows).
 Ratio = cuBLAS time / kosmos time (> 1: faster); cap fraction = kosmos full-GPU
 time / kosmos time under the cap (ideal cap/132).
 
-  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--protocol interleaved|sustained|blocks|blocks-kosmos-first] [--tile single]
+  python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--tile single]
+      [--protocol interleaved|sustained|blocks|blocks-kosmos-first] [--settle-s 2]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
 """
@@ -105,6 +107,7 @@ def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved", settle
   base = dict(layout=layout, shape=sh["name"], M=M, N=N, K=K)
   ref_fn = xla_dot(layout)
   fns, engines = {"xla_cublas": ref_fn}, {}
+  jax.block_until_ready(ref_fn(*sets[0]))  # compile (XLA autotunes here) before any timing
   for cap in (None, *caps):
     name = f"kosmos@{cap or 0}"
     fns[name] = kosmos(layout, cap)

@@ -56,20 +56,23 @@ def _slowest_rank(ms: float) -> float:
 
 def _warm(step: Callable[[int], object], first: int, seconds: float) -> None:
   """Calls step(0), step(1), ...: `first` times (at least once if seconds > 0), then as many
-  more as that pace needs to fill `seconds`. The count comes from the slowest rank's pace, so
-  every process makes the same calls: a collective arm on a rank that made one call more would
-  wait for its peers forever."""
+  more as their pace needs to fill `seconds`. step(0) is not part of the pace (it may compile:
+  XLA autotunes a dot for seconds). The count comes from the slowest rank's pace, so every
+  process makes the same calls: a collective arm on a rank that made one call more would wait
+  for its peers forever."""
   first = max(first, 1 if seconds > 0 else 0)
+  if first == 0:
+    return
+  jax.block_until_ready(step(0))
+  n = max(first - 1, 1)
   out, t0 = None, time.perf_counter()
-  for i in range(first):
+  for i in range(1, 1 + n):
     out = step(i)
     if i % 8 == 7:
       jax.block_until_ready(out)  # keep the clock check honest: time the work, not the queueing
   jax.block_until_ready(out)
-  if first == 0:
-    return
   ms = _slowest_rank((time.perf_counter() - t0) * 1e3)
-  for i in range(first, first + math.ceil(max(0.0, seconds * 1e3 - ms) / max(ms / first, 1e-6))):
+  for i in range(1 + n, 1 + n + math.ceil(max(0.0, seconds * 1e3 - ms) / max(ms / n, 1e-6))):
     out = step(i)
     if i % 8 == 7:
       jax.block_until_ready(out)
