@@ -211,8 +211,8 @@ def main():
                   "before its timed windows")
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
-  ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
-                  "or single (default: plan_gemm's plan)")
+  ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128, "
+                  "128x256c2 (2-CTA clusters) or single (default: plan_gemm's plan)")
   args = ap.parse_args()
   if args.tile:  # read by the extension at its first kosmos_matmul launch, which is below
     os.environ["KOSMOS_SM90_TILE"] = args.tile

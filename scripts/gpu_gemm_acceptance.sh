@@ -5,8 +5,9 @@
 # sustained power state, ~3 min), ncu of XLA's dot vs ours on one shape, then
 # the GPU matmul tests with the time that is left. At most 8 files land in $OUT
 # (the device tool returns no more). Carry the nvidia-cutlass wheel in .whl/.
-#   PROTOCOLS="sustained"  CAPS=116  NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN; the second is
-#   our worst)  TESTS=tests/gpu/test_matmul.py|none
+#   PROTOCOLS="sustained"  CAPS=116  LAYOUTS=TN,NN,NT  TILE= (KOSMOS_SM90_TILE for our arm, e.g.
+#   128x256c2)  NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN; the second is our worst)
+#   TESTS=tests/gpu/test_matmul.py|none
 #   BUDGET_S=570: a step that would not fit is skipped, and says so
 # Never changes clocks or resets the GPU; uses no NVLink multicast.
 set -uo pipefail
@@ -21,7 +22,8 @@ echo "built at ${SECONDS}s"
 for proto in ${PROTOCOLS:-sustained}; do
   [ "$(left)" -gt 90 ] || { echo "skipped gemm.py --protocol $proto: $(left) s left"; continue; }
   timeout $(( $(left) - 60 )) $PY benchmarks/gemm.py --caps "${CAPS:-116}" --protocol "$proto" --settle-s 1.5 \
-    > "$OUT/gemm_$proto.log" 2>&1; echo "gemm.py $proto rc=$? at ${SECONDS}s"
+    --layouts "${LAYOUTS:-TN,NN,NT}" ${TILE:+--tile "$TILE"} > "$OUT/gemm_$proto.log" 2>&1
+  echo "gemm.py $proto rc=$? at ${SECONDS}s"
   cp benchmarks/out/gemm.csv "$OUT/gemm_$proto.csv" 2>/dev/null
   grep -E "^\| (TN|NN|NT) |^\| 116 |acceptance" "$OUT/gemm_$proto.log"
 done

@@ -76,7 +76,7 @@ def matmul_fused(a, b, *, layout: str, cu_cap=None):
 
 def engine_runs() -> dict[str, int]:
   """Test hook: kosmos_matmul launches per engine since the process started
-  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'portable')."""
+  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'sm90_128x256c2', 'portable')."""
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "matmul_engine_runs"):
     raise NotImplementedError(f"kosmos_matmul engine counters unavailable: {why or 'extension built without CUDA'}")

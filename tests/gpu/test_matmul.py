@@ -141,10 +141,10 @@ import jax, jax.numpy as jnp
 from kosmos_jax import ops, reference
 from kosmos_jax.ops._fused_gemm import engine_runs
 errs = []
-for i, (layout, sa, sb) in enumerate(json.loads(sys.argv[1])):
+for i, (layout, sa, sb, *cap) in enumerate(json.loads(sys.argv[1])):
   a = jax.random.normal(jax.random.key(i), tuple(sa), jnp.float32).astype(jnp.bfloat16)
   b = jax.random.normal(jax.random.key(100 + i), tuple(sb), jnp.float32).astype(jnp.bfloat16)
-  y = ops.matmul(a, b, layout=layout, impl='fused').astype(jnp.float32)
+  y = ops.matmul(a, b, layout=layout, impl='fused', cu_cap=cap[0] if cap else None).astype(jnp.float32)
   with jax.default_matmul_precision('highest'):
     ref = reference.matmul(a.astype(jnp.float32), b.astype(jnp.float32), layout=layout)
   errs.append(float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref)))
@@ -153,7 +153,7 @@ print('RESULT', json.dumps({'runs': {k: v for k, v in engine_runs().items() if v
 
 
 def _in_child(tile, problems):
-  """ops.matmul on `problems` [(layout, a_shape, b_shape)] in a fresh interpreter under
+  """ops.matmul on `problems` [(layout, a_shape, b_shape[, cu_cap])] in a fresh interpreter under
   KOSMOS_SM90_TILE=tile ("": unset), outputs poisoned; returns (the process, its result or None).
   An unwritten element makes its error NaN, which fails every `< tol` check."""
   import json
@@ -203,3 +203,20 @@ def test_split_plan_head_and_tail():
   assert out is not None, r.stderr[-3000:]
   assert out["runs"] == {"sm90_128x128": 2}, out
   assert all(e < 1e-2 for e in out["errs"]), out
+
+
+def test_clustered_tile_shape():
+  """KOSMOS_SM90_TILE=128x256c2: 128x256 tiles in 2-CTA clusters with the B tile multicast,
+  every layout, an odd number of tile rows (the pair's second CTA claims a row past the end:
+  zeros loaded, nothing stored), sizes that are not tile multiples, and an odd CU cap (rounded
+  down to whole clusters). A cap below one cluster fails the call and says why."""
+  if getattr(_gpu(), "compute_capability", "") != "9.0":
+    pytest.skip("clusters are the Hopper engine's")
+  problems = [("TN", (2 * 128 + 40, 512), (512, 776)), ("NN", (1000, 520), (1040, 520)),
+              ("NT", (517, 872), (517, 1288)), ("TN", (2048, 1024), (1024, 1024), 7)]
+  r, out = _in_child("128x256c2", problems)
+  assert out is not None, r.stderr[-3000:]
+  assert out["runs"] == {"sm90_128x256c2": 4}, out
+  assert all(e < 1e-2 for e in out["errs"]), out
+  bad, out = _in_child("128x256c2", [("TN", (256, 256), (256, 256), 1)])
+  assert out is None and "cu_cap=1 must be at least 2" in bad.stderr, bad.stderr[-3000:]
