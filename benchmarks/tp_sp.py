@@ -21,7 +21,8 @@ are timed in one harness.time_interleaved run: windows of ~--target-ms pipelined
 interleaved back to back, median window per variant, slowest rank; rotated inputs past the
 L2. --protocol blocks times each variant in its own harness.time_fn block (before
 2026-12-01), where a kernel's first 0.3 s can run faster than sustained (RESULTS.md).
-floor = max(best GEMM alone, collective alone) (communication fully hidden behind a GEMM that has the whole GPU: optimistic, as the fused op gives SMs to moving);
+floor = max(best GEMM alone, collective alone) (communication fully hidden behind a GEMM
+that has the whole GPU: optimistic, as the fused op gives SMs to moving);
 frac_of_floor = floor / arm time; speedup_vs_xla = xla time / arm time. An arm that
 cannot run is recorded with its reason (status unavailable / failed / not_run), never
 replaced by another implementation.
@@ -233,7 +234,7 @@ def plan(pb, family, args):
 
 def prepare_arm(pb, arm, build, inputs, args):
   """(row, candidates): the arm's row, with status/reason where it cannot run, and its
-  probed variants [{variant, fn, kind, sets, calls, timing, note}] (timing None until
+  probed variants [{variant, fn, sets, calls, timing, note}] (timing None until
   time_candidates)."""
   row = dict.fromkeys(COLUMNS, "")
   row.update(kernel=pb.kernel, shape=pb.name, tp=pb.tp, M=pb.M, N=pb.N, K=pb.K, arm=arm)
@@ -253,7 +254,7 @@ def prepare_arm(pb, arm, build, inputs, args):
     try:
       sets = inputs(v[1])
       calls, t, note = probe(v[0], sets, args)
-      cands.append(dict(variant=name, fn=v[0], kind=v[1], sets=sets, calls=calls, timing=t, note=note))
+      cands.append(dict(variant=name, fn=v[0], sets=sets, calls=calls, timing=t, note=note))
     except Exception as e:  # e.g. a tile config the kernel rejects, or out of memory
       fails.append(f"[{name}] {_short(e)}")
   if not cands:
@@ -262,13 +263,14 @@ def prepare_arm(pb, arm, build, inputs, args):
 
 
 def finish_arm(pb, row, cands):
-  """The row of the arm's fastest timed variant."""
+  """(row, candidate) of the arm's fastest timed variant."""
   best = min(cands, key=lambda c: c["timing"].median_ms)
   t = best["timing"]
-  row.update(variant=best["variant"], status="ok", reason="; ".join(x for x in [best["note"], row["reason"]] if x)[:2000],
+  reason = "; ".join(x for x in [best["note"], row["reason"]] if x)[:2000]
+  row.update(variant=best["variant"], status="ok", reason=reason,
              median_ms=t.median_ms, min_ms=t.min_ms, calls=t.calls_per_rep, reps=t.reps,
              tflops=pb.flop / t.median_ms * 1e-9)
-  return row
+  return row, best
 
 
 def bench_problem(pb, args):
@@ -295,9 +297,8 @@ def bench_problem(pb, args):
     if not cands and errors:
       row = dict(row, status="failed")
     if cands:
-      row = finish_arm(pb, row, cands)
+      row, best = finish_arm(pb, row, cands)
       if arm in COMPARED:
-        best = min(cands, key=lambda c: c["timing"].median_ms)
         y = best["fn"](*best["sets"][0])
         if arm == "xla":
           ref = y

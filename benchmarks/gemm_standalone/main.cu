@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
          prop.l2CacheSize >> 20, prop.sharedMemPerBlockOptin >> 10);
   int rc = 0;
   if (argc >= 2 && !strcmp(argv[1], "check")) rc = bench::check_all(h, s) ? 1 : 0;
-  else if (argc >= 3 && !strcmp(argv[1], "bench")) rc = bench_file(argv[2], h, s, argc >= 4 && !strcmp(argv[3], "all-tiles"));
+  else if (argc >= 3 && !strcmp(argv[1], "bench"))
+    rc = bench_file(argv[2], h, s, argc >= 4 && !strcmp(argv[3], "all-tiles"));
   else { fprintf(stderr, "usage: %s check | bench SHAPES_FILE [all-tiles]\n", argv[0]); rc = 2; }
   cublasDestroy(h);
   return rc;

@@ -67,7 +67,8 @@ cudaError_t prepare_gemm(int* ctas) {
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if ((*ctas = cached[dev].load(std::memory_order_acquire)) != 0) return cudaSuccess;
   auto kernel = persistent_gemm<Cfg, OutT>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SharedStorage<Cfg>::kLaunchBytes);
+  const int smem = (int)SharedStorage<Cfg>::kLaunchBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(ctas, cudaDevAttrMultiProcessorCount, dev);
   if (err == cudaSuccess && Cfg::kClusterM > 1) {
     cudaLaunchAttribute attr;

@@ -65,8 +65,8 @@ struct Plan {
 };
 
 // Cost of the second launch in time (a launch behind a drained one on the
-// same stream; a guess, not measured alone), and the time of one 128x256 k-block on one SM at ~700 TF/s
-// over 132 SMs, which converts it into waves.
+// same stream; a guess, not measured alone), and the time of one 128x256
+// k-block on one SM at ~700 TF/s over 132 SMs, which converts it into waves.
 constexpr double kSecondLaunchUs = 4.0;
 constexpr double kKBlockUs = 0.79;
 // A split must be predicted this much faster than the single launch: on the
