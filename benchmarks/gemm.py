@@ -8,27 +8,33 @@ C[M, N] = sum_K; kernels/gemm/tile_problem.h names the same engine terms):
   NT <- bulk_rs_nt (column wgrad): a [K, M], b [K, N], a.T @ b    -> [M, N]
 (for NT the contraction K is the token rows; M and N are the weight's dims).
 
-Timing (--protocol interleaved, the default): harness.time_interleaved: per shape,
-every arm (cuBLAS, kosmos at full GPU and at each cap) runs windows of ~20 ms of
-pipelined calls, synced once, interleaved back to back in alternating order after
-a 1 s warm-up; the median window per arm. Inputs rotated past the L2. --protocol
-blocks is the earlier protocol (one block of reps per arm, cuBLAS before and after
-the kosmos arms, its faster median kept), in whose 0.3 s blocks XLA's dot runs
-~12% faster than interleaved or sustained (ours does not; likely a transient of
-the power limit, clocks not sampled there); blocks-kosmos-first times ours first.
---protocol sustained times each arm in its own steady state (harness.time_sustained:
---settle-s seconds of load, then the windows).
+Timing (--protocol sustained, the default): harness.time_sustained times each arm
+(cuBLAS, kosmos at full GPU and at each cap) in its own steady state: --settle-s
+seconds of back-to-back calls, then windows of ~20 ms of pipelined calls, synced
+once; the median window. A capped arm so draws its own (lower) power, as a GEMM
+beside movers does. --protocol interleaved (harness.time_interleaved) runs all
+arms' windows back to back in alternating order after a 1 s warm-up: they share
+one power state, set by the full-GPU arms, so a cap costs about cap/132 plus its
+wave quantization. --protocol blocks is the earlier protocol (one block of reps
+per arm, cuBLAS before and after the kosmos arms, its faster median kept), in
+whose 0.3 s blocks XLA's dot runs ~12% faster than interleaved or sustained (ours
+does not; likely a transient of the power limit, clocks not sampled there);
+blocks-kosmos-first times ours first. Inputs rotated past the L2.
 Ratio = cuBLAS time / kosmos time (> 1: faster); cap fraction = kosmos full-GPU
 time / kosmos time under the cap (ideal cap/132).
 
   python benchmarks/gemm.py [--caps 124,116,100,66] [--reps 7] [--tile single]
-      [--protocol interleaved|sustained|blocks|blocks-kosmos-first] [--settle-s 2]
+      [--protocol sustained|interleaved|blocks|blocks-kosmos-first] [--settle-s 1.5]
 Writes benchmarks/out/gemm.csv, gemm_vs_cublas.png, gemm_caps.png, gemm_summary.md
 and appends the summary to benchmarks/RESULTS.md.
+  python benchmarks/gemm.py --from-csv benchmarks/results/X.csv
+redoes the summary and the plots of a measured CSV (no GPU needed; the device
+tool returns few files).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import math
 import os
@@ -200,20 +206,43 @@ def plots(rows, caps):
                      ref_line=None)
 
 
+def read_rows(path):
+  """gemm.csv's rows with their numbers as numbers (write_csv's inverse)."""
+  ints, floats = ("M", "N", "K", "cu_cap"), ("median_ms", "min_ms", "tflops", "ratio_vs_cublas", "cap_fraction",
+                                             "rel_err_vs_cublas")
+  rows = []
+  for r in csv.DictReader(path.open()):
+    r.update({k: int(r[k]) for k in ints})
+    r.update({k: float(r[k]) for k in floats if r[k] != ""})
+    rows.append(r)
+  return rows
+
+
+def report_csv(path):
+  rows = read_rows(path)
+  caps = sorted({r["cu_cap"] for r in rows if r["cu_cap"]}, reverse=True)
+  plots(rows, caps)
+  print(summarize(rows, caps))
+  print(f"plots: {OUT / 'gemm_vs_cublas.png'}, {OUT / 'gemm_caps.png'}")
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--caps", default="124,116,100,66")
   ap.add_argument("--reps", type=int, default=7, help="windows per arm (interleaved) or reps (blocks)")
   ap.add_argument("--cap-reps", type=int, default=3, help="--protocol blocks: reps of each capped arm")
-  ap.add_argument("--protocol", default="interleaved",
-                  choices=("interleaved", "sustained", "blocks", "blocks-kosmos-first"))
-  ap.add_argument("--settle-s", type=float, default=2.0, help="--protocol sustained: seconds of load per arm "
+  ap.add_argument("--protocol", default="sustained",
+                  choices=("sustained", "interleaved", "blocks", "blocks-kosmos-first"))
+  ap.add_argument("--settle-s", type=float, default=1.5, help="--protocol sustained: seconds of load per arm "
                   "before its timed windows")
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
   ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128, "
                   "128x256c2 (2-CTA clusters) or single (default: plan_gemm's plan)")
+  ap.add_argument("--from-csv", type=pathlib.Path, help="summarize and plot this gemm.csv; time nothing")
   args = ap.parse_args()
+  if args.from_csv:
+    return report_csv(args.from_csv)
   if args.tile:  # read by the extension at its first kosmos_matmul launch, which is below
     os.environ["KOSMOS_SM90_TILE"] = args.tile
   caps = [int(c) for c in args.caps.split(",") if c]
