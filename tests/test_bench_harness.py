@@ -46,7 +46,7 @@ def test_time_sustained_settles_each_arm_then_times_it_alone():
   assert log == ["a"] * (2 + 6) + ["b"] * (2 + 6)  # two settling calls at settle_s=0, then 2 x 3 timed
 
 
-def test_gemm_bench_shape_rows_under_every_protocol(monkeypatch):
+def test_gemm_bench_shape_rows_under_every_protocol(monkeypatch, tmp_path):
   """benchmarks/gemm.py's per-shape plumbing on CPU, its kosmos arm swapped for the reference
   twin (the fused one needs a GPU): one cuBLAS row, then a full-GPU and a capped kosmos row."""
   import functools
@@ -61,6 +61,14 @@ def test_gemm_bench_shape_rows_under_every_protocol(monkeypatch):
     rows = gemm.bench_shape("NT", sh, [100], reps=2, cap_reps=1, protocol=protocol, settle_s=0.0)
     assert [(r["arm"], r["cu_cap"]) for r in rows] == [("xla_cublas", 0), ("kosmos", 0), ("kosmos", 100)], protocol
     assert rows[1]["rel_err_vs_cublas"] < 1e-2 and all(r["median_ms"] > 0 for r in rows), rows
+    if protocol == "sustained":
+      sustained_rows = rows
+  # --from-csv: a measured CSV read back gives the same summary as the rows it was written from
+  path = tmp_path / "gemm.csv"
+  gemm.harness.write_csv(sustained_rows, path)
+  back = gemm.read_rows(path)
+  assert back == sustained_rows
+  assert gemm.summarize(back, [100]) == gemm.summarize(sustained_rows, [100])
 
 
 def test_time_interleaved_per_arm_inputs_and_calls():
