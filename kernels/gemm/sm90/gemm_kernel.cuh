@@ -83,18 +83,21 @@ cudaError_t prepare_gemm(int* ctas) {
 
 // Launches C = A . B for problem `prob` on the current device with `grid` CTAs
 // (<= 0: all that are resident at once; always capped at the tile count, and
-// with clusters rounded down to whole clusters, at least one), walking tiles
-// in bands of `group` tile-rows (<= 0: gemm::swizzle_group's rule). Returns
+// with clusters rounded down to whole clusters), walking tiles in bands of
+// `group` tile-rows (<= 0: gemm::swizzle_group's rule). `grid` is a cap the
+// caller promised (a CU cap), so a grid below one cluster is refused with
+// cudaErrorInvalidConfiguration rather than rounded up. Returns
 // cudaErrorInvalidValue when the problem does not suit TMA (see
 // unsupported()); the caller then uses the portable engine.
 template <class Cfg, class OutT>
 cudaError_t launch_gemm(const gemm::Problem& prob, int grid, cudaStream_t stream, int group = 0) {
   if (unsupported(prob, Cfg::kLayout)) return cudaErrorInvalidValue;
+  constexpr int kC = Cfg::kClusterM;
+  if (grid > 0 && grid < kC) return cudaErrorInvalidConfiguration;
   int resident = 0;
   cudaError_t err = prepare_gemm<Cfg, OutT>(&resident);
   if (err != cudaSuccess) return err;
   const Params<Cfg> p = make_params<Cfg>(prob);
-  constexpr int kC = Cfg::kClusterM;
   const int rows = gemm::ceil_div(gemm::ceil_div(prob.M, Cfg::kBM), kC) * kC;  // tile rows, whole clusters
   const int tiles = rows * gemm::ceil_div(prob.N, Cfg::kBN);
   if (grid <= 0 || grid > resident) grid = resident;
