@@ -29,7 +29,7 @@ replaced by another implementation.
 
   python benchmarks/tp_sp.py [--kernels ag_tn,tn_rs] [--shapes all|quick|NAME,...]
       [--arms xla,...] [--dtype bf16] [--reps 5] [--protocol interleaved|blocks] [--budget-s 0]
-      [--fused-knobs band_rows=8] [--smoke]
+      [--fused-knobs band_rows=8|transport=push] [--smoke]
 Writes <out-dir>/tp_sp<tag>.csv, tp_sp<tag>_<kernel>.png, tp_sp<tag>_summary.md, appends
 the summary to benchmarks/RESULTS.md (not with --smoke / --no-append), and copies the
 CSV, plots and summary (as tp_sp_summary.md) into $OUT when OUT is set.
@@ -88,8 +88,9 @@ def parse_args(argv=None):
                   help="an arm whose single call takes longer is timed on one call only")
   ap.add_argument("--target-ms", type=float, default=20.0, help="work per timed repetition")
   ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting work after this (0: none)")
-  ap.add_argument("--fused-knobs", default="", metavar="NAME=INT,...",
-                  help="launch knobs for the kosmos_fused arm (e.g. band_rows=8 for tn_rs); recorded as its variant")
+  ap.add_argument("--fused-knobs", default="", metavar="NAME=VALUE,...",
+                  help="launch knobs for the kosmos_fused arm (e.g. band_rows=8 for tn_rs, transport=push for "
+                  "ag_tn); recorded as its variant")
   ap.add_argument("--out-dir", default=str(harness.HERE / "out"))
   ap.add_argument("--tag", default="", help="suffix of the output file names")
   ap.add_argument("--no-append", action="store_true", help="do not append to benchmarks/RESULTS.md")
@@ -107,9 +108,10 @@ def parse_args(argv=None):
   raw, args.fused_knobs = args.fused_knobs, {}
   for item in (i for i in raw.split(",") if i):
     name, _, value = item.partition("=")
-    if not name.isidentifier() or not value.lstrip("-").isdigit():
-      ap.error(f"--fused-knobs: {item!r} is not NAME=INT")
-    args.fused_knobs[name] = int(value)
+    is_int = value.lstrip("-").isdigit()
+    if not name.isidentifier() or not (is_int or value.isidentifier()):
+      ap.error(f"--fused-knobs: {item!r} is not NAME=INT or NAME=WORD")
+    args.fused_knobs[name] = int(value) if is_int else value
   if args.smoke:
     args.reps, args.warmup_s, args.target_ms = min(args.reps, 2), 0.01, 1.0
   else:

@@ -176,7 +176,7 @@ def arm_kosmos_unfused(pb):
 
 
 def arm_kosmos_fused(pb, knobs=None):
-  """The public op with impl="fused"; with `knobs` ({name: int}, e.g. band_rows=8),
+  """The public op with impl="fused"; with `knobs` ({name: value}, e.g. band_rows=8),
   the fused lowering called with those launch knobs, recorded as the variant."""
   _need_fused(pb.kernel)
   if knobs:

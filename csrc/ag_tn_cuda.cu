@@ -58,7 +58,8 @@ constexpr int kAgSwizzle = 8;
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
-                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers, int64_t switching) {
+                           ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers, int64_t switching,
+                           int64_t push) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_ag_tn", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -74,6 +75,11 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
   const bool sm90 = hopper_builders_apply(dt, ag_tn_sm90_ready(ordinal), K, N, x.untyped_data(), w.untyped_data(),
                                           y->untyped_data());
+  if (push && tp > 1 && !sm90)
+    return ffi::Error::InvalidArgument(
+        "kosmos_ag_tn: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, "
+        "16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); these inputs run the "
+        "portable builders, which support transport='pull' only");
   const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
   // The Hopper builders read every shard as whole 128-row tiles of one matrix.
   const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
@@ -108,7 +114,8 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
-    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
+    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
+                      push && tp > 1};
     p.movers = mv; p.switching = switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank);
@@ -136,4 +143,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,
                                   .Attr<ffi::Span<const int64_t>>("slots")   // [n_groups] control slots
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
                                   .Attr<int64_t>("movers")                   // -1 = default policy
-                                  .Attr<int64_t>("switching"));              // 0: fixed split
+                                  .Attr<int64_t>("switching")                // 0: fixed split
+                                  .Attr<int64_t>("push"));                   // 1: push transport (Hopper)

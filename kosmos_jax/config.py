@@ -43,10 +43,18 @@ class AgConfig:
   switching: True (default): a mover whose queue is empty builds (paper §3.1).
     False: a fixed split, to measure what switching buys; movers stop when their
     queue is empty and at least one CTA stays a builder.
+  transport: how peer rows travel. "pull" (default): each rank publishes its rows
+    into its own heap and the peers' movers copy them across. "push": movers copy
+    their own rows straight into every peer's heap (one NVLink copy per row, no
+    wait on a publish; in the transport benchmark push ran 352 GB/s with 8 CTAs,
+    pull 198 with 8 and 357 with 16, benchmarks/RESULTS.md). Hopper builders only (bf16, sm_90); other
+    inputs raise at run time. Not yet measured inside the fused kernel
+    (2026-12-01), hence not the default.
   """
   cu_cap: int | None = None
   movers: int | None = None
   switching: bool = True
+  transport: str = "pull"
 
   def __post_init__(self):
     if self.cu_cap is not None and (not isinstance(self.cu_cap, int) or self.cu_cap < 1):
@@ -55,7 +63,11 @@ class AgConfig:
       raise ValueError(f"AgConfig: movers={self.movers!r} must be a non-negative int or None")
     if not isinstance(self.switching, bool):
       raise ValueError(f"AgConfig: switching={self.switching!r} must be a bool")
+    if self.transport not in AG_TRANSPORTS:
+      raise ValueError(f"AgConfig: transport={self.transport!r} must be one of {AG_TRANSPORTS}")
 
+
+AG_TRANSPORTS = ("pull", "push")
 
 # GEMM work per byte moved (N per rank for AG, K per rank for RS) at or below
 # which the larger crew wins (table above).

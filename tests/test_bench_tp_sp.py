@@ -92,8 +92,10 @@ def test_fused_knobs_are_parsed_and_checked():
   import tp_sp
   assert tp_sp.parse_args(["--fused-knobs", "band_rows=8,reducers=16"]).fused_knobs == {"band_rows": 8, "reducers": 16}
   assert tp_sp.parse_args([]).fused_knobs == {}
-  with pytest.raises(SystemExit):
-    tp_sp.parse_args(["--fused-knobs", "band_rows=eight"])
+  assert tp_sp.parse_args(["--fused-knobs", "transport=push"]).fused_knobs == {"transport": "push"}
+  for bad in ("band_rows=8.5", "=3", "band_rows="):
+    with pytest.raises(SystemExit):
+      tp_sp.parse_args(["--fused-knobs", bad])
 
 
 def test_block_protocol_smoke(tmp_path):

@@ -16,6 +16,7 @@ def test_crew_rules_follow_the_measured_table():
     (dict(cu_cap=0), "cu_cap=0"),
     (dict(movers=-1), "movers=-1"),
     (dict(switching=1), "switching=1"),
+    (dict(transport="nvls"), "transport='nvls'"),
 ])
 def test_ag_config_rejects(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -40,3 +41,4 @@ def test_defaults_are_valid():
   assert config.RsConfig().stage == "bf16" and config.RsConfig().switching
   assert config.RsConfig(band_rows=8).band_rows == 8 and config.rs_band_rows(16384, 6656) == 8 and config.rs_band_rows(8192, 1024) == 1
   assert config.AgConfig(movers=0, switching=False).movers == 0
+  assert config.AgConfig().transport == "pull" and config.AgConfig(transport="push").transport == "push"

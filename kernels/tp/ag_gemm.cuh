@@ -3,6 +3,8 @@
 // and release a per-row flag; builders run the local shard first, then peer tiles
 // in the order they are pulled; a mover with no moves left becomes a builder; a
 // builder whose rows nobody claimed pulls them itself (kernels/tp/ag_sched.h).
+// The Hopper life (ag_gemm_sm90.cuh) may instead push: movers write their own
+// rows into the peers' slots (AgShape::push; announce_ready, push below).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +76,9 @@ struct AgDeviceOps {
     __syncthreads();
   }
   KOSMOS_DEVICE void guard_data();
+  KOSMOS_DEVICE void announce_ready();
   KOSMOS_DEVICE void move(const AgMove& m, int i);
+  KOSMOS_DEVICE void push(const AgMove& m, int i, size_t off, size_t bytes);
   KOSMOS_DEVICE void build(const AgBuild& b);
   KOSMOS_DEVICE void finish(int grid);
 };
@@ -89,11 +93,45 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
   *bytes = (r1 - r0) * p.K * sizeof(T);
 }
 
-// The data region is overwritten (by a publish or a pull) only after the last
-// writer's readers are done (tp/heap_use.cuh).
+// The data region is overwritten (by a publish or a pull, or by the peers'
+// pushes after announce_ready) only after the last writer's readers are done
+// (tp/heap_use.cuh).
 template <typename T, class Shared>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared>::guard_data() {
   heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
+}
+
+// Push transport: our gather region may take the peers' pushes of this epoch
+// once its last readers are done (guard_data); the peers poll ready[] in their
+// own control blocks, so the announcement is a remote store, not a remote poll.
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::announce_ready() {
+  guard_data();
+  if (threadIdx.x == 0)
+    for (int r = 0; r < p.tp; ++r)
+      if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
+}
+
+// x's tile row m.t straight into peer m.dst's slot for this rank, once the peer
+// announced its region free; then the peer's arrived flag. The barrier orders
+// every thread's remote stores before thread 0's system-scope release, which the
+// peer's builders acquire at system scope (and fence to the async proxy before
+// TMA reads the rows).
+template <typename T, class Shared>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared>::push(const AgMove& m, int i, size_t off, size_t bytes) {
+  const TraceSpan wait;
+  if (threadIdx.x == 0) {
+    wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
+    wait.close(p.trace, blockIdx.x, kTraceWait, i);
+  }
+  __syncthreads();
+  const TraceSpan span;
+  cta_copy16(slot(m.dst, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    store_release<Scope::kSys>(&ctrl_of(m.dst)->arrived[p.rank * kMaxTileRows + m.t], epoch);
+    span.close(p.trace, blockIdx.x, kTraceMove, i);
+  }
 }
 
 template <typename T, class Shared>
@@ -101,6 +139,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::move(const AgMove& m, int i) {
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
   guard_data();
+  if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
   if (m.publish) {
     const TraceSpan span;
     cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);

@@ -7,7 +7,8 @@
 //
 // A is this rank's gather region read as one [tp * T * kBM, K] matrix: shard s
 // occupies rows [s * T * kBM, (s + 1) * T * kBM), its own rows included (movers
-// publish them there first, which is also what peers pull). Rows past a shard's
+// publish them there; under the pull transport that is also what peers pull,
+// under push the peers write their rows here themselves). Rows past a shard's
 // end are never written and never stored (row_ptr masks them). With tp == 1
 // there are no slots and A is x itself.
 #pragma once
@@ -52,15 +53,16 @@ struct AgSm90Hooks {
   TraceBuf trace;
 
   // Producer thread, before the tile's first TMA load: its rows must have been
-  // published (own shard) or pulled (peer shard) in this epoch. Those were
-  // generic-proxy stores, so the acquire is followed by a proxy fence.
+  // published (own shard), pulled or pushed by the peer (peer shard) in this
+  // epoch. Those were generic-proxy stores, so the acquire is followed by a
+  // proxy fence. System scope: a push's writer and its release are on the peer.
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     if (tp == 1) return;
     const int src = t.m / T, tr = t.m % T;
     const bool own = src == rank;
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
-    wait_ge<Scope::kGpu>(flag, epoch, timeout_ns,
+    wait_ge<Scope::kSys>(flag, epoch, timeout_ns,
                          {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
     gemm::async_proxy_fence();

@@ -1,13 +1,21 @@
 // The AG+GEMM schedule (paper §3.2.1), plain host/device code: the GPU kernel and
 // the CPU emulation (tests/host/) run this same function over different `Ops`.
 //
-// Move queue (per rank): T "publish" items (copy local tile row t into this
-// rank's slot of its gather buffer, then release pub[t] for the peers), then
-// T*(tp-1) "pull" items, tile-row-major and source-minor so every link is busy.
+// Move queue (per rank), pull transport: T "publish" items (copy local tile row
+// t into this rank's slot of its gather buffer, then release pub[t] for the
+// peers), then T*(tp-1) "pull" items, tile-row-major and source-minor so every
+// link is busy. Publish items precede all pulls, so once a pull is claimed
+// anywhere every publish of that rank was claimed earlier by a running CTA: a
+// pull only ever waits on claimed work, on every rank.
+// Push transport (AgShape::push, Hopper life only): per local tile row t, a
+// publish then one push per peer (destination-minor), T*tp items. A push copies
+// x's row t straight into the peer's slot for this rank and releases the peer's
+// arrived flag: one NVLink copy per row and no wait on a peer's publish. It
+// waits only on the peer's ready[] (its gather region is free this epoch), which
+// the peer's movers announce first thing (ag_cta_movers_move).
 // Build queue: every tile of the local shard first (its rows come straight from
-// x), then peer tiles in pull order. Publish items precede all pulls, so once a
-// pull is claimed anywhere every publish of that rank was claimed earlier by a
-// running CTA: a pull only ever waits on claimed work, on every rank.
+// x), then peer tiles tile-row-major and source-minor (the pull order; under
+// push the order in which each peer's rows leave it).
 #pragma once
 
 #include "gemm/tile_order.h"
@@ -21,27 +29,38 @@ struct AgShape {
   int T;      // tile rows per shard
   int NT;     // tile columns of the output
   int group;  // build order: bands of `group` tile rows walked column by column; <= 1: row-major
+  int push = 0;  // 1: push transport (ag_cta_movers_move only); 0: pull
 };
 
 struct AgMove {
   bool publish;
   int src;  // rank whose shard this tile row belongs to
   int t;    // tile row within that shard
+  int dst;  // rank whose gather slot for src it lands in (a push: the peer)
 };
 
 struct AgBuild {
   int src, t, tn;
-  int move;  // move item the tile's rows arrive by; -1 for the local shard
+  int move;  // local move item the tile's rows arrive by; -1: the local shard, or a peer's push
 };
 
 // With no peers there is nothing to publish or pull.
 KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * s.tp : 0; }
 KOSMOS_HD inline int ag_n_build(const AgShape& s) { return s.T * s.NT * s.tp; }
 
+// Peer tile row q of the build order (and pull q): tile-row-major, source-minor.
+KOSMOS_HD inline AgMove ag_peer_row(const AgShape& s, int q) {
+  const int peers = s.tp - 1;
+  return {false, (s.rank + 1 + q % peers) % s.tp, q / peers, s.rank};
+}
+
 KOSMOS_HD inline AgMove ag_move_item(const AgShape& s, int i) {
-  if (i < s.T) return {true, s.rank, i};
-  const int q = i - s.T, peers = s.tp - 1;
-  return {false, (s.rank + 1 + q % peers) % s.tp, q / peers};
+  if (s.push) {
+    const int t = i / s.tp, k = i % s.tp;
+    return {k == 0, s.rank, t, (s.rank + k) % s.tp};
+  }
+  if (i < s.T) return {true, s.rank, i, s.rank};
+  return ag_peer_row(s, i - s.T);
 }
 
 // Item i of a section of `rows` tile rows (the local shard, or the pulls in
@@ -58,9 +77,9 @@ KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
     const gemm::TileCoord c = ag_section_at(s, s.T, j);
     return {s.rank, c.m, c.n, -1};
   }
-  const gemm::TileCoord c = ag_section_at(s, s.T * (s.tp - 1), j - local);  // c.m: pull index
-  const AgMove m = ag_move_item(s, s.T + c.m);
-  return {m.src, m.t, c.n, s.T + c.m};
+  const gemm::TileCoord c = ag_section_at(s, s.T * (s.tp - 1), j - local);  // c.m: peer row index
+  const AgMove m = ag_peer_row(s, c.m);
+  return {m.src, m.t, c.n, s.push ? -1 : s.T + c.m};
 }
 
 // Waits until move item q has landed. If q is not claimed yet, this CTA claims
@@ -83,7 +102,9 @@ KOSMOS_HD void ag_await_or_move(Ops& ops, const AgShape& s, int q) {
 // every thread, waits by one thread then a barrier, the copy and the tile GEMM).
 // switching == false (a fixed split, to measure what switching buys): a mover
 // whose queue is empty stops instead of building; the launcher then keeps at
-// least one builder (movers <= grid - 1).
+// least one builder (movers <= grid - 1). Pull transport only: a builder here
+// may run the moves its rows need, which a peer's push is not (launchers refuse
+// s.push with this life).
 template <class Ops>
 KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
   const int n_move = ag_n_move(s), n_build = ag_n_build(s);
@@ -114,10 +135,17 @@ KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers,
 // rank (tp > 1) every move is claimed by a CTA that waits only on peer publishes,
 // which movers claim first: every builder wait is on claimed work. switching ==
 // false: movers stop when their queue is empty (needs 1 <= movers <= grid - 1).
+// Push transport: a peer pushes into our gather region only after we announce
+// it free (ops.announce_ready: the region's last readers are done, then
+// ready[rank] = epoch in every peer's control block). Every mover announces
+// before it claims: a mover exists whenever there are peers, and its
+// announcement waits on nothing of this launch, so pushes never wait on
+// unclaimed work.
 template <class Ops>
 KOSMOS_HD void ag_cta_movers_move(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
   const int n_move = ag_n_move(s);
   const bool mover = initial_role(cta, grid, movers) == Role::kMover;
+  if (mover && s.push && n_move > 0) ops.announce_ready();
   if (mover)
     for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
   if (!mover || switching) ops.build_all();

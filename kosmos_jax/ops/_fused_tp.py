@@ -21,7 +21,7 @@ from kosmos_jax.ops._dispatch import register_fused
 ag_tn_p = Primitive("kosmos_ag_tn")
 
 
-def _ag_tn_abstract(x, w, *, axis_name, tp, cu_cap, movers, switching):
+def _ag_tn_abstract(x, w, *, axis_name, tp, cu_cap, movers, switching, transport):
   # Same dtype and manual-axes typing as x (the gathered rows vary like x does).
   return x.update(shape=(*x.shape[:-2], x.shape[-2] * tp, w.shape[1]))
 
@@ -45,16 +45,17 @@ def _lower_group_op(op, ctx, x, w, *, axis_name, tp, cu_cap, **attrs):
       slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
 
 
-def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers, switching):
+def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers, switching, transport):
   return _lower_group_op("ag_tn", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
+                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching),
+                         push=np.int64(transport == "push"))
 
 
 ag_tn_p.def_abstract_eval(_ag_tn_abstract)
 mlir.register_lowering(ag_tn_p, _ag_tn_lowering, platform="cuda")
 
 
-def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True):
+def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True, transport="pull"):
   """allgather_rows(x) @ w in one persistent kernel.
 
   bf16 on an H100/H200 (compute capability 9.0) builds tiles with the Hopper
@@ -62,16 +63,19 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True):
   at least one CTA starts as a mover (`movers=0` runs as 1). Other dtypes and
   GPUs, and KOSMOS_FUSED_BUILDERS=portable, use portable builders
   (kernels/tp/ag_gemm.cuh). `builder_runs()` counts which ran. `switching=False`
-  turns the one-way mover -> builder switch off (a fixed split, benchmarks)."""
+  turns the one-way mover -> builder switch off (a fixed split, benchmarks).
+  `transport="push"` (Hopper builders only) has movers write their rows into the
+  peers' heaps instead of the peers pulling them; see kosmos_jax.config.AgConfig."""
   if not _ext.has_target("kosmos_ag_tn", "cuda"):
     raise NotImplementedError("kosmos_ag_tn is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching)
+  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching, transport=transport)
   runtime.init()  # trace time: heaps exist before any kernel runs
   mv = _config.ag_movers(int(w.shape[-1])) if cfg.movers is None else cfg.movers
   tp = int(_compat.axis_size(axis_name))
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
-  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=mv, switching=cfg.switching)
+  return ag_tn_p.bind(x, w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, movers=mv, switching=cfg.switching,
+                      transport=cfg.transport)
 
 
 def builder_runs() -> dict[str, dict[str, int]]:

@@ -45,7 +45,8 @@ def main():
       want = xs.astype(np.float64) @ ws
       err = np.linalg.norm(got - want) / np.linalg.norm(want)
       assert err <= 1e-5, f"process {pid} iter {it} solo call: rel err {err:.3e}"
-    for dtype, kw in ((np.float32, {}), (jnp.bfloat16, dict(cu_cap=1)), (jnp.bfloat16, dict(movers=0))):
+    for dtype, kw in ((np.float32, {}), (jnp.bfloat16, dict(cu_cap=1)), (jnp.bfloat16, dict(movers=0)),
+                      (jnp.bfloat16, dict(transport="push")), (jnp.bfloat16, dict(transport="push", cu_cap=1))):
       x = rng.standard_normal((2, 384, 160)).astype(dtype)
       w = (rng.standard_normal((160, 200)) / 12).astype(dtype)
       y = run(lambda a, b: ag_tn_fused(a, b, axis_name="tp", **kw), x, w)

@@ -123,3 +123,40 @@ def test_grad_through_fused_op():
   assert _sm90_runs() - before == 2, "the forward of the fused grad did not run the Hopper builders"
   for g, r, name in zip(got, grads("reference"), ("dx", "dw")):
     assert_close(g, r, BF16, what=f"ag_tn fused grad {name}")
+
+
+# ---- push transport (AgConfig.transport="push"): movers write their rows into the
+# peers' gather slots; the peers' builders acquire them at system scope.
+
+@pytest.mark.parametrize("b,m,k,n", SHAPES)
+def test_sm90_push_matches_twin_and_oracle(b, m, k, n):
+  mesh = gpu_mesh(2, hopper=True)
+  _check(mesh, fresh((b, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5), transport="push")
+
+
+@pytest.mark.parametrize("kw", [dict(cu_cap=1), dict(cu_cap=7), dict(movers=0), dict(movers=8),
+                                dict(movers=4, switching=False), dict(cu_cap=2, movers=1, switching=False)],
+                         ids=["grid1", "cap7", "movers0-runs-as-1", "movers8", "fixed-split", "fixed-split-grid2"])
+def test_sm90_push_grids(kw):
+  mesh = gpu_mesh(2, hopper=True)
+  _check(mesh, fresh((1, 1536, 384), BF16), fresh((384, 768), BF16, scale=0.05), transport="push", **kw)
+
+
+def test_sm90_push_and_pull_back_to_back():
+  """60 pipelined calls with new inputs, the transport alternating every call and
+  every third one at grid 1: a fast rank's pushes of call i+1 must not land in a
+  slot its peer still reads for call i (ready[] handshake), across transports too."""
+  mesh = gpu_mesh(2, hopper=True)
+  fns = {(t, g): _fn(mesh, transport=t, **({"cu_cap": 1} if g else {})) for t in ("push", "pull") for g in (0, 1)}
+  ins = [(fresh((1, 1024, 256), BF16), fresh((256, 512), BF16, scale=1 / 16)) for _ in range(60)]
+  outs = [fns[("push" if i % 2 == 0 else "pull", i % 3 == 0)](x, w) for i, (x, w) in enumerate(ins)]
+  for i, ((x, w), y) in enumerate(zip(ins, outs)):
+    for rank, got in enumerate(np.split(np.asarray(y, np.float32), 2)):
+      assert_close(got, _oracle(x, w), BF16, what=f"push/pull call {i}, rank {rank}")
+
+
+def test_push_needs_hopper_builders():
+  """f32 runs the portable builders, which cannot push: a clear error, not a pull."""
+  mesh = gpu_mesh(2, hopper=True)
+  with pytest.raises(Exception, match="transport='push' needs the Hopper builders"):
+    _fn(mesh, transport="push")(fresh((1, 512, 128), jnp.float32), fresh((128, 256), jnp.float32)).block_until_ready()

@@ -2,8 +2,10 @@
 // and roles.h compiled for the host and driven by N ranks x W threads ("CTAs")
 // with random delays, several epochs back to back per rank (ranks drift apart).
 // Checks: every move and build item runs exactly once per epoch; builds see the
-// data of this epoch (no stale or overwritten buffer); a wait on a tile row is
-// only ever for a claimed move; nothing hangs (bounded waits abort).
+// data of this epoch (no stale or overwritten buffer: a push that landed before
+// the receiver's previous epoch was done shows as one); a wait on a tile row is
+// only ever for a claimed move; nothing hangs (bounded waits abort). Both
+// transports (pull, push), and epochs alternating between them.
 // Usage: ag_sched_emu  (runs the built-in grid; exit 0 = all passed)
 #include <cstdio>
 #include <cstdlib>
@@ -30,10 +32,10 @@ uint64_t tag(uint64_t e, int src, int t) { return (e << 32) | (uint64_t)(src << 
 struct Rank {
   uint64_t epoch = 0;
   uint32_t move_next = 0, build_next = 0, finished = 0;
-  std::vector<uint64_t> done, pub, arrived, gather;  // gather[src*T + t]
-  std::vector<uint32_t> moved, built;                // exactly-once counters
+  std::vector<uint64_t> done, ready, pub, arrived, gather;  // gather[src*T + t]
+  std::vector<uint32_t> moved, built;                       // exactly-once counters
   Rank(int tp, int T, int NT)
-      : done(tp, 0), pub(T, 0), arrived(tp * T, 0), gather(tp * T, 0),
+      : done(tp, 0), ready(tp, 0), pub(T, 0), arrived(tp * T, 0), gather(tp * T, 0),
         moved(tp * T, 0), built(tp * T * NT, 0) {}
 };
 
@@ -42,6 +44,7 @@ struct Case {
   int group = 1;               // AgShape::group: build-order swizzle
   bool movers_move = false;    // ag_cta_movers_move (Hopper builders) instead of ag_cta
   bool switching = true;       // false: movers stop when their queue is empty (fixed split)
+  int push = 0;                // AgShape::push (movers_move only); 2: alternate, pull on odd epochs
 };
 
 struct HostOps {
@@ -70,12 +73,36 @@ struct HostOps {
     const AgMove m = ag_move_item(s, q);
     wait_ge<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e, kTimeoutNs, site("arrived", q));
   }
+  // Reuse rule, the least the protocol needs: our region is overwritten (by us
+  // or by pushes) once every peer that read it in epoch e-1 is done, and only a
+  // pull epoch has remote readers. (The kernel's heap_use_guard waits in either
+  // case.) So after a push epoch nothing but ready[] holds back a fast peer's
+  // pushes: the emulation checks that handshake on its own.
+  bool prev_pull;
+  void guard_data() {
+    if (!prev_pull) return;
+    for (int p = 0; p < c.tp; ++p)
+      if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done", p));
+  }
+  void announce_ready() {
+    EMU_CHECK(s.push && c.movers_move, "rank %d cta %d announces without the push transport", rank, cta);
+    guard_data();
+    jitter();
+    for (int p = 0; p < c.tp; ++p)
+      if (p != rank) store_release<Scope::kSys>(&ranks[p]->ready[rank], e);
+  }
+  void push(const AgMove& m) {
+    Rank& peer = *ranks[m.dst];
+    wait_ge<Scope::kSys>(&me().ready[m.dst], e, kTimeoutNs, site("peer_ready", m.dst));
+    jitter();
+    __atomic_store_n(&peer.gather[rank * c.T + m.t], tag(e, rank, m.t), __ATOMIC_RELAXED);
+    store_release<Scope::kSys>(&peer.arrived[rank * c.T + m.t], e);
+  }
   void move(const AgMove& m, int i) {
     __atomic_fetch_add(&me().moved[i], 1u, __ATOMIC_RELAXED);
+    if (!m.publish && m.dst != rank) return push(m);
     if (m.publish) {
-      // Reuse rule: overwrite our slot only once every peer is done with epoch e-1.
-      for (int p = 0; p < c.tp; ++p)
-        if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done", p));
+      guard_data();
       jitter();
       __atomic_store_n(&me().gather[rank * c.T + m.t], tag(e, rank, m.t), __ATOMIC_RELAXED);
       store_release<Scope::kSys>(&me().pub[m.t], e);
@@ -91,18 +118,19 @@ struct HostOps {
     store_release<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e);
   }
   // Hopper builders: claim until empty; a local tile waits for its publish, a
-  // peer tile for its pull, never moving itself. The move may not be claimed
-  // yet (movers drain the queue without waiting on builders); a deadlock would
-  // show as a wait timeout.
+  // peer tile for its pull or the peer's push (by tile row, as the kernel's
+  // before_tile does), never moving itself. The move may not be claimed yet
+  // (movers drain the queue without waiting on builders); a deadlock would show
+  // as a wait timeout.
   void build_all() {
     for (int j = claim_build(); j < ag_n_build(s); j = claim_build()) {
       const AgBuild b = ag_build_item(s, j);
-      if (b.move >= 0) {
-        const AgMove m = ag_move_item(s, b.move);
-        wait_ge<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e, kTimeoutNs, site("arrived", b.move));
-      } else if (c.tp > 1) {
+      EMU_CHECK(b.src == rank || (b.move >= 0) != (s.push != 0), "rank %d: peer tile (src %d, t %d) move %d, push %d",
+                rank, b.src, b.t, b.move, s.push);
+      if (b.src != rank)
+        wait_ge<Scope::kSys>(&me().arrived[b.src * c.T + b.t], e, kTimeoutNs, site("arrived", b.src * c.T + b.t));
+      else if (c.tp > 1)
         wait_ge<Scope::kSys>(&me().pub[b.t], e, kTimeoutNs, site("pub(local)", b.t));
-      }
       build(b);
     }
   }
@@ -124,8 +152,10 @@ struct HostOps {
 };
 
 void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank, unsigned seed) {
-  const AgShape s{c.tp, rank, c.T, c.NT, c.group};
+  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
   for (int it = 0; it < c.epochs; ++it) {
+    const AgShape s{c.tp, rank, c.T, c.NT, c.group, push_at(it)};
+    const bool prev_pull = it > 0 && !push_at(it - 1);
     Rank& r = *ranks[rank];
     const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
     std::fill(r.moved.begin(), r.moved.end(), 0u);
@@ -133,7 +163,7 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
     std::vector<std::thread> ctas;
     for (int cta = 0; cta < c.W; ++cta)
       ctas.emplace_back([&, cta] {
-        HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s};
+        HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s, prev_pull};
         if (c.movers_move)
           ag_cta_movers_move(ops, s, cta, c.W, c.movers, c.switching);
         else
@@ -173,6 +203,17 @@ int main() {
       for (int movers : {1, 2}) cases.push_back({tp, 3, movers, 3, 4, 3, 20, 2, hopper, false});
   cases.push_back({8, 8, 2, 4, 3, 3, 5});   // wider group
   cases.push_back({2, 1, 0, 6, 4, 6, 0});   // one CTA, no delays: tight interleavings
+  // Push transport (Hopper life): one CTA, all movers, fixed splits, 8 ranks, and
+  // epochs alternating with pull (the reuse rule across transports).
+  for (int tp : {2, 3, 4})
+    for (int W : {1, 3})
+      for (int movers : {1, W})
+        for (int push : {1, 2}) cases.push_back({tp, W, movers, 3, 4, 4, 20, 2, true, true, push});
+  for (int push : {1, 2}) {
+    cases.push_back({2, 3, 1, 3, 4, 4, 20, 2, true, false, push});
+    cases.push_back({8, 9, 2, 4, 3, 4, 5, 3, true, true, push});
+    cases.push_back({2, 1, 1, 6, 4, 8, 0, 1, true, true, push});
+  }
   unsigned seed = 1;
   for (const Case& c : cases) {
     std::vector<std::unique_ptr<Rank>> ranks;
