@@ -1,4 +1,5 @@
-// Preparation and launch of the Hopper-builder AG+GEMM kernel (sm_90a only).
+// Preparation and launch of the Hopper-builder AG+GEMM kernels (sm_90a only):
+// one per transport (pull, push).
 #include "ag_tn_sm90.h"
 #include "sm90_prepare.h"
 #include "tp/ag_gemm_sm90.cuh"
@@ -9,19 +10,25 @@ namespace {
 // 128x256 tiles, 3 stages and the staged epilogue: the engine's wide
 // configuration (~211 KB of smem).
 using AgCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
-Sm90State g_state;
+Sm90State g_state[2];  // [push]
+
+template <bool kPush>
+std::string prepare_one(int ordinal) {
+  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<AgCfg, kPush>), AgCfg::kThreads,
+                      (int)sm90::SharedStorage<AgCfg>::kLaunchBytes, ordinal, g_state[kPush], set_timeout_mailbox,
+                      TimeoutUnit::kAgTnSm90);
+}
 
 }  // namespace
 
 int ag_tn_sm90_tile_n() { return AgCfg::kBN; }
 
 std::string ag_tn_sm90_prepare(int ordinal) {
-  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<AgCfg>), AgCfg::kThreads,
-                      (int)sm90::SharedStorage<AgCfg>::kLaunchBytes, ordinal, g_state, set_timeout_mailbox,
-                      TimeoutUnit::kAgTnSm90);
+  std::string err = prepare_one<false>(ordinal);
+  return err.empty() ? prepare_one<true>(ordinal) : err;
 }
 
-bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }
+bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state[0], ordinal) && sm90_ready(g_state[1], ordinal); }
 
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
   AgSm90Params<AgCfg> p{ag, {}};
@@ -30,7 +37,8 @@ cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
   const void* a = ag.tp > 1 ? static_cast<const void*>(ag.heap[ag.rank] + kHeapDataOffset) : ag.x;
   const int M = ag.tp > 1 ? ag.tp * ag.shape.T * AgCfg::kBM : ag.rows;
   p.g = sm90::make_params<AgCfg>(gemm::Problem{a, ag.w, nullptr, M, ag.N, ag.K});
-  ag_tn_sm90_kernel<AgCfg><<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
+  const auto kernel = ag.shape.push ? &ag_tn_sm90_kernel<AgCfg, true> : &ag_tn_sm90_kernel<AgCfg, false>;
+  kernel<<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

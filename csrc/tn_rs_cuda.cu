@@ -79,7 +79,7 @@ using namespace kosmos;
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers,
-                           int64_t stage_bf16, int64_t switching, int64_t band_rows) {
+                           int64_t stage_bf16, int64_t switching, int64_t band_rows, int64_t push) {
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -103,6 +103,11 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
                                                                        x.untyped_data(), w.untyped_data(),
                                                                        y->untyped_data());
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
+  if (push && tp > 1 && !sm90)
+    return ffi::Error::InvalidArgument(
+        "kosmos_tn_rs: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
+        "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
+        "these inputs run the portable builders, which support transport='pull' only");
   // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
   if (stage_bf16 && dt != 2)
     return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
@@ -110,7 +115,8 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   if (band_rows < 1 || band_rows > kRsMaxBands)
     return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(band_rows) + " must be in [1, " +
                                        std::to_string(kRsMaxBands) + "]");
-  const RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)band_rows : 1);
+  RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)band_rows : 1);
+  shape.push = push && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
@@ -159,4 +165,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<int64_t>("reducers")                 // -1 = default policy
                                   .Attr<int64_t>("stage_bf16")               // 1: bf16 staging (Hopper builders)
                                   .Attr<int64_t>("switching")                // 0: fixed split
-                                  .Attr<int64_t>("band_rows"));              // tile rows per band (Hopper builders)
+                                  .Attr<int64_t>("band_rows")                // tile rows per band (Hopper builders)
+                                  .Attr<int64_t>("push"));                   // 1: push transport (Hopper builders)

@@ -1,4 +1,5 @@
-// Preparation and launch of the Hopper-builder GEMM+RS kernel (sm_90a only).
+// Preparation and launch of the Hopper-builder GEMM+RS kernels (sm_90a only):
+// one per staging type and transport.
 #include "tn_rs_sm90.h"
 #include "sm90_prepare.h"
 #include "tp/gemm_rs_sm90.cuh"
@@ -12,23 +13,33 @@ namespace {
 using RsCfgBf16 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
 using RsCfgF32 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 4, /*SmemEpi=*/false>;
 static_assert(RsCfgBf16::kBN == RsCfgF32::kBN, "one staging tile width for both");
-Sm90State g_state_f32, g_state_bf16;
+// [push]: the pull and push kernels of each staging type (tn_rs_sm90_kernel's kPush).
+Sm90State g_state_f32[2], g_state_bf16[2];
+
+template <class Cfg, class StageT, bool kPush>
+std::string prepare_one(int ordinal, Sm90State& state) {
+  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<Cfg, StageT, kPush>),
+                      Cfg::kThreads, (int)sm90::SharedStorage<Cfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
+                      TimeoutUnit::kTnRsSm90);
+}
 
 }  // namespace
 
 int tn_rs_sm90_tile_n() { return RsCfgBf16::kBN; }
 
 std::string tn_rs_sm90_prepare(int ordinal) {
-  std::string err = prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfgF32, float>),
-                                 RsCfgF32::kThreads, (int)sm90::SharedStorage<RsCfgF32>::kLaunchBytes, ordinal,
-                                 g_state_f32, set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
-  if (!err.empty()) return err;
-  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<RsCfgBf16, bf16_t>),
-                      RsCfgBf16::kThreads, (int)sm90::SharedStorage<RsCfgBf16>::kLaunchBytes, ordinal, g_state_bf16,
-                      set_timeout_mailbox, TimeoutUnit::kTnRsSm90);
+  std::string err = prepare_one<RsCfgF32, float, false>(ordinal, g_state_f32[0]);
+  if (err.empty()) err = prepare_one<RsCfgF32, float, true>(ordinal, g_state_f32[1]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, false>(ordinal, g_state_bf16[0]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, true>(ordinal, g_state_bf16[1]);
+  return err;
 }
 
-bool tn_rs_sm90_ready(int ordinal) { return sm90_ready(g_state_f32, ordinal) && sm90_ready(g_state_bf16, ordinal); }
+bool tn_rs_sm90_ready(int ordinal) {
+  for (int push = 0; push < 2; ++push)
+    if (!sm90_ready(g_state_f32[push], ordinal) || !sm90_ready(g_state_bf16[push], ordinal)) return false;
+  return true;
+}
 
 namespace {
 
@@ -36,7 +47,8 @@ template <class Cfg, class StageT>
 cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
   RsSm90Params<Cfg> p{rs, {}};
   p.g = sm90::make_params<Cfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
-  tn_rs_sm90_kernel<Cfg, StageT><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
+  const auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, true> : &tn_rs_sm90_kernel<Cfg, StageT, false>;
+  kernel<<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

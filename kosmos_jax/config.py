@@ -63,11 +63,11 @@ class AgConfig:
       raise ValueError(f"AgConfig: movers={self.movers!r} must be a non-negative int or None")
     if not isinstance(self.switching, bool):
       raise ValueError(f"AgConfig: switching={self.switching!r} must be a bool")
-    if self.transport not in AG_TRANSPORTS:
-      raise ValueError(f"AgConfig: transport={self.transport!r} must be one of {AG_TRANSPORTS}")
+    if self.transport not in TRANSPORTS:
+      raise ValueError(f"AgConfig: transport={self.transport!r} must be one of {TRANSPORTS}")
 
 
-AG_TRANSPORTS = ("pull", "push")
+TRANSPORTS = ("pull", "push")
 
 # GEMM work per byte moved (N per rank for AG, K per rank for RS) at or below
 # which the larger crew wins (table above).
@@ -127,12 +127,19 @@ class RsConfig:
     rs_band_rows(n, k)). A band is the unit reducers wait for; taller bands, built
     column by column, keep fewer W columns in flight for wide outputs but start
     the reduction later. Portable builders always use 1.
+  transport: "pull" (default): partials are staged in the builder's heap and the
+    owner's reducers pull them over NVLink. "push": the builders' epilogue
+    writes each partial into its owner's heap (asynchronous copies beside the
+    next tile's mainloop) and reducers read only local memory; same sum, same
+    bits. Hopper builders only; other inputs raise at run time. Not yet measured
+    (2026-12-01), hence not the default.
   """
   cu_cap: int | None = None
   reducers: int | None = None
   stage: str = "bf16"
   switching: bool = True
   band_rows: int | None = None
+  transport: str = "pull"
 
   def __post_init__(self):
     for name, v, lo in (("cu_cap", self.cu_cap, 1), ("reducers", self.reducers, 0)):
@@ -145,6 +152,8 @@ class RsConfig:
     b = self.band_rows
     if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_BAND_ROWS):
       raise ValueError(f"RsConfig: band_rows={b!r} must be an int in [1, {MAX_BAND_ROWS}] or None")
+    if self.transport not in TRANSPORTS:
+      raise ValueError(f"RsConfig: transport={self.transport!r} must be one of {TRANSPORTS}")
     if not self.switching and self.reducers == 0:
       raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
                        "give reducers >= 1 (or None for the default)")

@@ -27,6 +27,10 @@ for tu in "${TUS[@]}"; do
   if grep -q "C7510" "$OUT/$tu.log"; then
     echo "sm90_ptxas_check: ptxas serialised wgmma in $tu:"; grep "C7510" "$OUT/$tu.log"; exit 1
   fi
-  echo "$tu: $(grep -c 'Compiling entry function' "$OUT/$tu.log") kernels, no wgmma serialisation"
+  # Spill bytes per kernel, in compile order, for the record (2026-12-01: the
+  # push kernels 36-48, from their announce and ready waits, found by taking
+  # those out; the pull kernels 12 (AG) and 0 (RS), as before push existed).
+  spills=$(grep -o '[0-9]* bytes spill stores' "$OUT/$tu.log" | cut -d' ' -f1 | tr '\n' ' ')
+  echo "$tu: $(grep -c 'Compiling entry function' "$OUT/$tu.log") kernels, no wgmma serialisation; spill stores (bytes): ${spills% }"
 done
 echo "sm90_ptxas_check: ok"

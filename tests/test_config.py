@@ -31,6 +31,7 @@ def test_ag_config_rejects(kw, match):
     (dict(band_rows=0), "band_rows=0"),
     (dict(band_rows=65), "band_rows=65"),
     (dict(band_rows=2.0), "band_rows=2.0"),
+    (dict(transport="multicast"), "transport='multicast'"),
 ])
 def test_rs_config_rejects(kw, match):
   with pytest.raises(ValueError, match=match):

@@ -45,8 +45,10 @@ struct AgShared {
 };
 
 // Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
-// the portable build(), `portable::TileSmem tile`.
-template <typename T, class Shared = AgShared>
+// the portable build(), `portable::TileSmem tile`. kPush: AgShape::push at
+// compile time (the Hopper push kernel); without it no push code is compiled,
+// which keeps the pull kernels' registers as they were.
+template <typename T, class Shared = AgShared, bool kPush = false>
 struct AgDeviceOps {
   const AgParams<T>& p;
   Shared& sm;
@@ -96,20 +98,22 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
 // The data region is overwritten (by a publish or a pull, or by the peers'
 // pushes after announce_ready) only after the last writer's readers are done
 // (tp/heap_use.cuh).
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::guard_data() {
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::guard_data() {
   heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
 }
 
 // Push transport: our gather region may take the peers' pushes of this epoch
 // once its last readers are done (guard_data); the peers poll ready[] in their
 // own control blocks, so the announcement is a remote store, not a remote poll.
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::announce_ready() {
-  guard_data();
-  if (threadIdx.x == 0)
-    for (int r = 0; r < p.tp; ++r)
-      if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::announce_ready() {
+  if constexpr (kPush) {
+    guard_data();
+    if (threadIdx.x == 0)
+      for (int r = 0; r < p.tp; ++r)
+        if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
+  }
 }
 
 // x's tile row m.t straight into peer m.dst's slot for this rank, once the peer
@@ -117,8 +121,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::announce_ready() {
 // every thread's remote stores before thread 0's system-scope release, which the
 // peer's builders acquire at system scope (and fence to the async proxy before
 // TMA reads the rows).
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::push(const AgMove& m, int i, size_t off, size_t bytes) {
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::push(const AgMove& m, int i, size_t off, size_t bytes) {
   const TraceSpan wait;
   if (threadIdx.x == 0) {
     wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
@@ -134,12 +138,14 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::push(const AgMove& m, int i, size_t o
   }
 }
 
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::move(const AgMove& m, int i) {
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
   guard_data();
-  if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
+  if constexpr (kPush) {
+    if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
+  }
   if (m.publish) {
     const TraceSpan span;
     cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
@@ -161,8 +167,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::move(const AgMove& m, int i) {
   if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
 }
 
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::build(const AgBuild& b) {
   const TraceSpan span;
   const int r0 = b.t * portable::kBM;
   const int rows = min(portable::kBM, p.rows - r0);
@@ -182,8 +188,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared>::build(const AgBuild& b) {
 
 // The last CTA to finish tells every peer we are done reading its slot for this
 // epoch, resets the queues and advances the epoch: no host work between launches.
-template <typename T, class Shared>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared>::finish(int grid) {
+template <typename T, class Shared, bool kPush>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
   ctrl->move_next = 0;

@@ -44,6 +44,8 @@ struct AgSm90Sched {
 // By value, not a pointer into the kernel parameters: the epilogue stores through
 // row_ptr, and a pointer the compiler must assume those stores may alias would
 // reload every field (and redo the divisions) per stored element pair.
+// kPush: AgShape::push at compile time (a push's release is on the peer).
+template <bool kPush>
 struct AgSm90Hooks {
   static constexpr bool kTileDone = false, kMapsRows = true;
   AgCtrl* ctrl;
@@ -55,14 +57,15 @@ struct AgSm90Hooks {
   // Producer thread, before the tile's first TMA load: its rows must have been
   // published (own shard), pulled or pushed by the peer (peer shard) in this
   // epoch. Those were generic-proxy stores, so the acquire is followed by a
-  // proxy fence. System scope: a push's writer and its release are on the peer.
+  // proxy fence. Push: system scope, since the rows' writer and its release are
+  // on the peer; pull: the puller and the publisher's release are ours (GPU scope).
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     if (tp == 1) return;
     const int src = t.m / T, tr = t.m % T;
     const bool own = src == rank;
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
-    wait_ge<Scope::kSys>(flag, epoch, timeout_ns,
+    wait_ge<kPush ? Scope::kSys : Scope::kGpu>(flag, epoch, timeout_ns,
                          {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
     gemm::async_proxy_fence();
@@ -84,7 +87,7 @@ struct AgSm90Hooks {
   }
 };
 
-template <class Cfg>
+template <class Cfg, bool kPush>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __grid_constant__ AgSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "moves and builds share the 128-row tile row");
   extern __shared__ char smem_raw[];
@@ -92,16 +95,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.ag.heap[p.ag.rank] + p.ag.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared> {
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, kPush> {
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
       const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      AgSm90Hooks hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N,
+      AgSm90Hooks<kPush> hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N,
                         a.trace};
-      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks>::run(pp.g, s, sched, hooks);
+      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks<kPush>>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};

@@ -4,7 +4,9 @@
 // completed band; reducers pull band b of our own chunk from every rank, sum the
 // ranks in fixed order in fp32 and round once into Y. The schedule (queues,
 // roles, deadlock freedom) is tp/rs_sched.h, shared with the CPU emulation;
-// this file supplies its device operations.
+// this file supplies its device operations. The Hopper life may push instead
+// (RsShape::push, gemm_rs_sm90.cuh): builders write partials into their owner's
+// staging; these portable builders and reducers pull only.
 //
 // Arrival is signalled by flags (pub[] epochs), not by a NaN sentinel in the
 // data as in the paper: the portable engine stores plain fp32, and an epoch flag
@@ -110,16 +112,25 @@ struct RsDeviceOps {
     }
     __syncthreads();
   }
-  // Band b of our chunk, staged at rank src: every thread's loads of it are
-  // ordered after thread 0's acquire by the barrier.
+  // Band b of our chunk as rank src built it (staged at src, or pushed here):
+  // every thread's loads of it are ordered after thread 0's acquire by the barrier.
   KOSMOS_DEVICE void wait_band(int src, int b) {
     if (threadIdx.x == 0) {
       const TraceSpan wait;
-      wait_ge<Scope::kSys>(&ctrl_of(src)->pub[rs_flag_index(b, p.rank)], epoch, p.timeout_ns,
+      const RsStaged h = rs_staged(p.shape, src, p.rank);
+      wait_ge<Scope::kSys>(&ctrl_of(h.home)->pub[rs_flag_index(b, h.pos)], epoch, p.timeout_ns,
                            site("pub", src * kRsMaxBands + b));
       wait.close(p.trace, blockIdx.x, kTraceWait, b);
     }
     __syncthreads();
+  }
+  // Push transport: our staging may take the peers' partials of this epoch once
+  // its last readers are done; a remote store, so the peers poll locally.
+  KOSMOS_DEVICE void announce_ready() {
+    guard_data();
+    if (threadIdx.x == 0)
+      for (int r = 0; r < p.tp; ++r)
+        if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
   }
   KOSMOS_DEVICE void build(const RsTile& t);
   KOSMOS_DEVICE void reduce(const RsSlice& sl);

@@ -6,7 +6,9 @@
 // GEMM queue is empty the CTA reduces (one way). Reducers never build.
 //
 // Staging type StageT: float (partials exact to fp32) or bf16 (half the bytes
-// written, and pulled over NVLink by the peers, per partial). Either way the
+// written, and carried over NVLink, per partial). Pull (default): partials are
+// staged here and the peers' reducers pull them; push (RsShape::push): the
+// epilogue writes each partial into its chunk owner's staging (rs_staged). Either way the
 // reducers sum the ranks in fp32 in rank order and round once, so the result is
 // bitwise reproducible; bf16 partials are rounded once each, as XLA's bf16 dot
 // output is before its psum_scatter.
@@ -51,22 +53,49 @@ struct RsSm90Sched {
   }
 };
 
-// By value (see AgSm90Hooks): the epilogue stores through row_ptr.
-template <class StageT>
+// By value (see AgSm90Hooks): the epilogue stores through row_ptr. A peer's
+// heap (push only) is looked up in the kernel parameters (`rs`, __grid_constant__,
+// so no local copy): per-rank arrays held here would live in local memory.
+// kPush is RsShape::push as a compile-time constant: the pull kernel keeps the
+// register budget it had before push existed (its producer thread has 40).
+template <class StageT, bool kPush>
 struct RsSm90Hooks {
   static constexpr bool kTileDone = true, kMapsRows = true;
-  RsCtrl* ctrl;
-  StageT* stage;  // this rank's staging: heap + kHeapDataOffset
-  uint64_t epoch;
+  const RsParams<bf16_t>* rs;
+  RsCtrl* ctrl;   // ours
+  StageT* stage;  // our staging: heap + kHeapDataOffset
+  uint64_t epoch, timeout_ns;
   RsShape s;
-  int rows, tile_n;
+  int rows, tile_n, rank;
+  uint32_t ready_seen = 0;  // producer thread, push: peers whose ready[] it has seen this epoch
 
-  KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}  // x and W are ready at launch
+  KOSMOS_DEVICE RsCtrl* ctrl_at(int r) const {
+    return r == rank ? ctrl : reinterpret_cast<RsCtrl*>(rs->heap[r] + rs->ctrl_off);
+  }
+  KOSMOS_DEVICE StageT* stage_at(int r) const {
+    return r == rank ? stage : reinterpret_cast<StageT*>(rs->heap[r] + kHeapDataOffset);
+  }
+
+  // Push: the tile's partial goes to its chunk's owner, whose staging may still
+  // be read for the previous epoch until the owner announces it free. The
+  // producer waits before the tile's loads; the consumers' stores of the tile
+  // come after its mainloop, which those loads feed.
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
+    const int chunk = t.m / s.T;
+    if (!kPush || chunk == rank || (ready_seen >> chunk & 1u)) return;
+    wait_ge<Scope::kSys>(&ctrl->ready[chunk], epoch, timeout_ns, {"tn_rs_sm90", rank, (int)blockIdx.x, "peer_ready",
+                                                                  chunk});
+    ready_seen |= 1u << chunk;
+  }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
 
-  KOSMOS_DEVICE int slot_of(gemm::TileCoord t) const {
+  // Tile t's staging: at the rank and slot rs_staged() names (ours under pull,
+  // the chunk owner's under push).
+  KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    return rs_stage_slot(s, band, chunk, rs_band_index(s, tr - band * s.R, t.n));
+    const RsStaged h = kPush ? RsStaged{chunk, rank} : RsStaged{rank, chunk};  // rs_staged()
+    const int slot = rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n));
+    return stage_at(h.home) + (size_t)slot * rs_tile_elems(tile_n);
   }
 
   // Engine row r of tile t lands in row r - t.m * kBM of the tile's staging
@@ -76,27 +105,36 @@ struct RsSm90Hooks {
     const int in_tile = r - t.m * portable::kBM;
     if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
     static_assert(sizeof(OutT) == sizeof(StageT), "the engine stores the staging type");
-    StageT* tile = stage + (size_t)slot_of(t) * rs_tile_elems(tile_n);
-    return reinterpret_cast<OutT*>(tile + (ptrdiff_t)(in_tile - t.n) * tile_n);
+    return reinterpret_cast<OutT*>(tile_of(t) + (ptrdiff_t)(in_tile - t.n) * tile_n);
   }
 
-  // One consumer thread after a named barrier over every consumer's stores:
-  // the acq_rel count makes the band's completer acquire every tile of it, so
-  // its release of pub[] covers the whole band (as gemm_rs.cuh's band_add).
+  // One consumer thread after a named barrier over every consumer's stores
+  // (and, staged, after the copies' writes completed: the engine's retire): the
+  // acq_rel count makes the band's completer acquire every tile of it, so its
+  // release of pub[] (ours, or under push the owner's) covers the whole band
+  // (as gemm_rs.cuh's band_add).
   KOSMOS_DEVICE void tile_done(gemm::TileCoord t) {
     const int chunk = t.m / s.T, band = (t.m - chunk * s.T) / s.R;
-    const int f = rs_flag_index(band, chunk);
-    if (add_acq_rel_gpu_u32(&ctrl->band_count[f], 1) + 1 == (uint32_t)rs_band_tiles(s, band))
-      store_release<Scope::kSys>(&ctrl->pub[f], epoch);
+    if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 !=
+        (uint32_t)rs_band_tiles(s, band))
+      return;
+    const RsStaged h = kPush ? RsStaged{chunk, rank} : RsStaged{rank, chunk};  // rs_staged()
+    store_release<Scope::kSys>(&ctrl_at(h.home)->pub[rs_flag_index(band, h.pos)], epoch);
   }
 };
 
-template <class Cfg, class StageT>
+template <class Cfg, class StageT, bool kPush>
 struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
 
   KOSMOS_DEVICE StageT* tile(int r, int slot) const { return this->template stage<StageT>(r, slot); }
+
+  // The schedule asks whenever RsShape::push is set; the pull kernel compiles
+  // none of it (the wait and the remote stores cost it spills otherwise).
+  KOSMOS_DEVICE void announce_ready() {
+    if constexpr (kPush) RsDeviceOps<bf16_t, RsSm90Shared>::announce_ready();
+  }
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.
@@ -105,9 +143,10 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     const TraceSpan span;
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
-    RsSm90Hooks<StageT> hooks{this->ctrl, tile(a.rank, 0), this->epoch, a.shape, a.rows, a.tile_n};
+    RsSm90Hooks<StageT, kPush> hooks{&a, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows,
+                                     a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
-    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT>>::run(pp.g, s, sched, hooks);
+    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT, kPush>>::run(pp.g, s, sched, hooks);
     __syncthreads();  // the engine's warp groups leave at different times
     if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
   }
@@ -144,13 +183,17 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     const int per_row = a.tile_n / kVec, groups = portable::kBM * per_row;
     const int step = blockDim.x * kGroups;
     for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
-      const int slot = rs_stage_slot(sh, sl.band, a.rank, k);
       const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
+      // Rank src's partial of this tile (pull: in src's staging; push: pushed into ours).
+      auto partial = [&](int src) {
+        const RsStaged h = kPush ? RsStaged{a.rank, src} : RsStaged{src, a.rank};  // rs_staged()
+        return tile(h.home, rs_stage_slot(sh, sl.band, h.pos, k));
+      };
       for (int base = threadIdx.x; base < groups; base += step) {
         Acc acc[kGroups], v[kGroups];
-        load_groups(tile(0, slot), base, groups, acc);
+        load_groups(partial(0), base, groups, acc);
         for (int src = 1; src < a.tp; ++src) {
-          load_groups(tile(src, slot), base, groups, v);
+          load_groups(partial(src), base, groups, v);
           CUTE_UNROLL
           for (int u = 0; u < kGroups; ++u)
             CUTE_UNROLL
@@ -209,7 +252,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   }
 };
 
-template <class Cfg, class StageT>
+template <class Cfg, class StageT, bool kPush>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
@@ -217,7 +260,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  RsSm90Ops<Cfg, StageT> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  RsSm90Ops<Cfg, StageT, kPush> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
   rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 

@@ -26,11 +26,14 @@ struct RsCtrl {
   uint32_t pad_;
   // done[p] = last epoch in which peer p finished reading our staging buffer.
   uint64_t done[kMaxRanks];
+  // ready[p] = last epoch in which peer p's staging took our pushes (RsShape::push).
+  uint64_t ready[kMaxRanks];
   // step_claimed[b] = epoch in which every tile of step b (band b of every chunk)
   // was claimed here. Peers read it before waiting on our bands, so a cross-rank
   // wait on pub[] is always on claimed work. Epoch-valued: never reset.
   uint64_t step_claimed[kRsMaxBands];
-  // pub[b * kMaxRanks + c] = epoch in which band b of chunk c landed in our staging.
+  // pub[b * kMaxRanks + c] = epoch in which band b of chunk c landed in our staging
+  // (push: c is the rank that wrote band b of our chunk; rs_staged()).
   uint64_t pub[kRsMaxBands * kMaxRanks];
   // Tiles of (b, c) written this launch; the builder that completes the band
   // publishes it. Local only (never read by peers), so the last CTA may reset it.

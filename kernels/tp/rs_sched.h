@@ -11,6 +11,12 @@
 // Reduce queue (per rank): band b of our own chunk in slices, band-major. A
 // reducer pulls the slice from every rank once it has landed, sums ranks 0..tp-1
 // in that fixed order in fp32 and rounds once.
+// Push transport (RsShape::push, Hopper life only): builders write each partial
+// tile of chunk c straight into rank c's staging and publish the band there, so
+// reducers read every rank's partial of their chunk from local memory and the
+// NVLink traffic rides in the builders' asynchronous epilogue copies. The sum and
+// its order are the same, so the bits are too. A peer's staging takes pushes of
+// an epoch once the peer announced it free (ready[]): rs_cta_builders_build.
 //
 // Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
 // a band (local or remote) before its own rank has claimed every tile of that
@@ -32,6 +38,7 @@ struct RsShape {
   int NT;     // tile columns of the output
   int R;      // tile rows per band
   int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
+  int push = 0;  // 1: push transport (rs_cta_builders_build only); 0: pull
 };
 
 struct RsTile {
@@ -81,6 +88,17 @@ KOSMOS_HD inline int rs_band_index(const RsShape& s, int row, int col) { return 
 // rank, as one contiguous block it can pull in a single copy.
 KOSMOS_HD inline int rs_stage_slot(const RsShape& s, int b, int c, int k) {
   return rs_step_begin(s, b) + c * rs_band_tiles(s, b) + k;
+}
+
+// Where rank `writer`'s partial tiles of chunk c are staged: at rank `home`, in
+// the chunk position `pos` of rs_stage_slot and rs_flag_index. Pull: at the
+// writer, position c (peers find band (b, c) there). Push: at c, position writer
+// (the owner holds one partial of its chunk per rank).
+struct RsStaged {
+  int home, pos;
+};
+KOSMOS_HD inline RsStaged rs_staged(const RsShape& s, int writer, int c) {
+  return s.push ? RsStaged{c, writer} : RsStaged{writer, c};
 }
 
 KOSMOS_HD inline int rs_slices(const RsShape& s, int b) { return (rs_band_tiles(s, b) + s.slice - 1) / s.slice; }
@@ -168,7 +186,8 @@ KOSMOS_HD void rs_reduce(Ops& ops, const RsShape& s, int q, bool& staging_free) 
 // No drain is needed at the end: whoever claims the last reduce slice first makes
 // sure the last step, hence every GEMM tile, is claimed. switching == false (a
 // fixed split): a builder whose queue is empty stops instead of reducing; the
-// launcher then keeps at least one reducer and one builder.
+// launcher then keeps at least one reducer and one builder. Pull transport only
+// (launchers refuse s.push with this life).
 template <class Ops>
 KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers, bool switching = true) {
   const int n_build = rs_n_build(s), n_reduce = rs_n_reduce(s);
@@ -197,10 +216,16 @@ KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducer
 // least one CTA starts as a builder: rs_initial_role), then on every rank's band.
 // switching == false: builders stop when the GEMM queue is empty (needs
 // 1 <= reducers <= grid - 1).
+// Push: every builder first announces this rank's staging free for the epoch
+// (ops.announce_ready: its last readers are done, then ready[rank] = epoch at
+// every peer); a builder waits on a peer's announcement before its first tile of
+// that peer's chunk. A builder exists on every rank and announces before it
+// waits on anything of this epoch, so those waits are on work that happens.
 template <class Ops>
 KOSMOS_HD void rs_cta_builders_build(Ops& ops, const RsShape& s, int cta, int grid, int reducers,
                                      bool switching = true) {
   if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) {
+    if (s.push && s.tp > 1) ops.announce_ready();
     ops.build_all();
     if (!switching) {
       ops.finish(grid);

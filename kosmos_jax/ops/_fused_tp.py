@@ -97,16 +97,16 @@ register_fused("ag_tn", ag_tn_fused)
 tn_rs_p = Primitive("kosmos_tn_rs")
 
 
-def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers, stage, switching, band_rows):
+def _tn_rs_abstract(x, w, *, axis_name, tp, cu_cap, reducers, stage, switching, band_rows, transport):
   # The kernel is 2-D: x [tp*rows, k] -> y [rows, n]; same manual-axes typing as x.
   return x.update(shape=(x.shape[0] // tp, w.shape[1]))
 
 
-def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage, switching, band_rows):
+def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage, switching, band_rows, transport):
   return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          reducers=np.int64(-1 if reducers is None else reducers),
                          stage_bf16=np.int64(stage == "bf16"), switching=np.int64(switching),
-                         band_rows=np.int64(band_rows))
+                         band_rows=np.int64(band_rows), push=np.int64(transport == "push"))
 
 
 tn_rs_p.def_abstract_eval(_tn_rs_abstract)
@@ -127,7 +127,8 @@ def _rank_major(x, tp):
   return x.reshape(b, tp, m // tp, k).transpose(1, 0, 2, 3).reshape(m * b, k)
 
 
-def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, switching=True, band_rows=None):
+def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, switching=True, band_rows=None,
+                transport="pull"):
   """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
   summed over the group in fp32 in rank order and rounded once (bitwise reproducible).
 
@@ -138,12 +139,15 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   `builder_runs()` counts which ran. `stage` ("bf16" default for bf16 inputs, or
   "fp32"): the partial tiles' dtype, see kosmos_jax.config.RsConfig. `switching=False`
   turns the one-way builder -> reducer switch off (a fixed split, benchmarks).
-  `band_rows`: tile rows per band for the Hopper builders (RsConfig)."""
+  `band_rows`: tile rows per band for the Hopper builders (RsConfig). `transport="push"`
+  (Hopper builders only): builders write partials into their owner's heap, reducers
+  read locally (RsConfig); the result is bitwise the same as with "pull"."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
   if stage is None:
     stage = "bf16" if x.dtype == jnp.bfloat16 else "fp32"
-  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage, switching=switching, band_rows=band_rows)
+  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage, switching=switching, band_rows=band_rows,
+                 transport=transport)
   if cfg.stage == "bf16" and x.dtype != jnp.bfloat16:
     raise ValueError(f"tn_rs_fused: stage='bf16' needs bf16 inputs, got x.dtype={x.dtype}")
   runtime.init()  # trace time: heaps exist before any kernel runs
@@ -158,7 +162,7 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   if bands is None:
     bands = _config.rs_band_rows(int(w.shape[1]), int(w.shape[0]), w.dtype.itemsize)
   y = tn_rs_p.bind(_rank_major(x, tp), w, axis_name=axis_name, tp=tp, cu_cap=cfg.cu_cap, reducers=red,
-                   stage=cfg.stage, switching=cfg.switching, band_rows=bands)
+                   stage=cfg.stage, switching=cfg.switching, band_rows=bands, transport=cfg.transport)
   return y.reshape(*lead, m // tp, w.shape[1])
 
 

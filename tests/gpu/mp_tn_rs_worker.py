@@ -15,11 +15,13 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 X_SPEC, W_SPEC, Y_SPEC = P(None, None, "tp"), P("tp", None), P(None, "tp", None)
 SHAPES = [((2, 384, 320), 200),  # batch 2: the rank-major transpose; 192 rows per rank, not a tile multiple
           ((1, 512, 256), 136)]  # batch 1: a free reshape; 136 columns, not a tile multiple
-CONFIGS = [  # (dtype, fused kwargs): ops.tn_rs takes cu_cap; `reducers` goes to tn_rs_fused
+CONFIGS = [  # (dtype, fused kwargs): ops.tn_rs takes cu_cap; `reducers`, `transport` go to tn_rs_fused
     (jnp.bfloat16, {}),
     (jnp.bfloat16, dict(cu_cap=1)),
     (jnp.bfloat16, dict(reducers=0)),
     (np.float32, dict(cu_cap=7)),
+    (jnp.bfloat16, dict(transport="push")),
+    (jnp.bfloat16, dict(transport="push", cu_cap=1)),
 ]
 CALLS = 4  # back-to-back calls per config and round, one sync at the end
 
@@ -43,7 +45,7 @@ def main():
   def call(kind, kw, x, w):
     key = (kind, tuple(sorted(kw.items())))
     if key not in jitted:
-      if kind == "fused" and "reducers" in kw:
+      if kind == "fused" and ("reducers" in kw or "transport" in kw):
         fn = lambda a, b: tn_rs_fused(a, b, axis_name="tp", **kw)  # noqa: E731
       elif kind == "fused":
         fn = lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", **kw)  # noqa: E731
@@ -84,7 +86,11 @@ def main():
       err = _rel(got, want)
       assert err <= 1e-5, f"process {pid} round {it} solo call: rel err {err:.3e}"
     shape, n = SHAPES[it % len(SHAPES)]
+    # Push needs the Hopper builders: whole 128-row tiles per rank (every process skips alike).
+    hopper = (shape[-2] // mesh.size) % 128 == 0
     for dtype, kw in CONFIGS:
+      if kw.get("transport") == "push" and not hopper:
+        continue
       what = f"process {pid} round {it} {np.dtype(dtype)} {kw} {shape}x{n}"
       ins = [draw(shape, n, dtype) for _ in range(CALLS)]  # fresh inputs every call
       ys = [call("fused", kw, x, w) for x, w in ins]  # back to back, no sync between
@@ -109,7 +115,8 @@ def main():
     # the grid, the reducer count or the run.
     x, w = draw(shape, n, jnp.bfloat16)
     runs = [np.asarray(call("fused", kw, x, w).addressable_shards[0].data).view(np.uint16)
-            for kw in ({}, dict(cu_cap=1), dict(reducers=0), dict(cu_cap=7, reducers=3), {})]
+            for kw in ({}, dict(cu_cap=1), dict(reducers=0), dict(cu_cap=7, reducers=3), {},
+                       *((dict(transport="push"), dict(transport="push", cu_cap=1)) if hopper else ()))]
     for j, r in enumerate(runs[1:], 1):
       assert np.array_equal(runs[0], r), (
           f"process {pid} round {it}: bitwise run {j} differs in {np.count_nonzero(runs[0] != r)} elements")

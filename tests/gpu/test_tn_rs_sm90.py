@@ -144,3 +144,47 @@ def test_sm90_scan_200_calls_grid1_and_cap():
 def test_sm90_single_device_group():
   mesh = gpu_mesh(1, hopper=True)
   _check(mesh, fresh((256, 64), BF16), fresh((64, 72), BF16, scale=0.125))
+
+
+# ---- push transport (RsConfig.transport="push"): builders write each partial into
+# its chunk owner's staging; the owner's reducers read locally. Same sum, same bits.
+
+@pytest.mark.parametrize("stage", ["bf16", "fp32"])
+@pytest.mark.parametrize("lead,m,k,n", SHAPES)
+def test_sm90_push_matches_twin_and_oracle(lead, m, k, n, stage):
+  mesh = gpu_mesh(2, hopper=True)
+  _check(mesh, fresh((*lead, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5), stage=stage, transport="push")
+
+
+@pytest.mark.parametrize("stage", ["bf16", "fp32"])
+def test_sm90_push_bitwise_equals_pull(stage):
+  """Every grid, crew and band height under push gives the bits of the default pull run."""
+  mesh = gpu_mesh(2, hopper=True)
+  x, w = fresh((2560, 512), BF16), fresh((512, 4096), BF16, scale=512 ** -0.5)
+  base = np.asarray(_check(mesh, x, w, stage=stage)).view(np.uint16)
+  for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(reducers=0), dict(reducers=40), dict(band_rows=4),
+             dict(band_rows=8, cu_cap=1), dict(reducers=3, switching=False), dict(cu_cap=2, reducers=1, switching=False)):
+    got = np.asarray(_check(mesh, x, w, stage=stage, transport="push", **kw)).view(np.uint16)
+    assert np.array_equal(got, base), f"push {kw}: bits differ from pull"
+
+
+def test_sm90_push_and_pull_back_to_back():
+  """60 pipelined calls with new inputs, the transport alternating every call and
+  every third at grid 1: a fast rank's partials of call i+1 must not land in a
+  staging its peer still reduces for call i (ready[] handshake), across transports."""
+  mesh = gpu_mesh(2, hopper=True)
+  fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: tn_rs_fused(a, b, axis_name="tp", transport=t,
+                                                                 **({"cu_cap": 1} if g else {})))
+         for t in ("push", "pull") for g in (0, 1)}
+  ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(60)]
+  outs = [fns[("push" if i % 2 == 0 else "pull", i % 3 == 0)](x, w) for i, (x, w) in enumerate(ins)]
+  for i, ((x, w), y) in enumerate(zip(ins, outs)):
+    assert_close(y, _oracle(x, w), BF16, what=f"push/pull call {i}")
+
+
+def test_push_needs_hopper_builders():
+  """m / tp = 100 rows is not whole 128-row tiles: portable builders, which cannot push."""
+  mesh = gpu_mesh(2, hopper=True)
+  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push"))
+  with pytest.raises(Exception, match="transport='push' needs the Hopper builders"):
+    f(fresh((200, 256), BF16), fresh((256, 128), BF16)).block_until_ready()

@@ -8,6 +8,8 @@
 // bitwise, and is identical across runs with other interleavings; every wait is
 // on claimed work; staging is never read stale or overwritten while a peer reads
 // it (tag checked before and after each read); nothing hangs (bounded waits trap).
+// Both transports (pull; push, where builders write into the chunk owner's
+// staging), epochs alternating between them, and push bitwise equal to pull.
 // Usage: rs_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
 #include <algorithm>
 #include <cmath>
@@ -66,6 +68,7 @@ struct Case {
   int tp, W, grid, reducers, T, NT, R, slice, epochs, max_delay_us;
   bool builders_build = false;  // rs_cta_builders_build (Hopper builders); needs W == grid
   bool switching = true;        // false: builders stop when the GEMM queue is empty (fixed split)
+  int push = 0;                 // RsShape::push (builders_build only); 2: alternate, pull on odd epochs
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -91,6 +94,7 @@ struct HostOps {
   unsigned data_seed;
   std::mt19937 rng;
   RsShape s;
+  bool prev_pull;  // the previous epoch pulled: its remote readers of our staging must be done
   bool reducing = false;
 
   Rank& me() { return *ranks[rank]; }
@@ -105,25 +109,45 @@ struct HostOps {
   bool build_claimed(int j) { return build_q().claimed((uint32_t)j); }
   int claim_reduce() { jitter(); reducing = true; return (int)WorkQueue{&ctl(rank).reduce_next, 0}.claim(); }
   void mark_step_claimed(int b) { store_release<Scope::kSys>(&ctl(rank).step_claimed[b], e); }
-  void wait_peer_done(int p) { wait_ge<Scope::kSys>(&ctl(rank).done[p], e - 1, g_timeout_ns, site("done", p)); }
+  // Reuse rule, the least the protocol needs: only a pull epoch has remote
+  // readers of our staging. (The kernel's heap_use_guard waits in either case.)
+  // After a push epoch nothing but ready[] holds back a fast peer's pushes, so
+  // the emulation checks that handshake on its own.
+  void wait_peer_done(int p) {
+    if (prev_pull) wait_ge<Scope::kSys>(&ctl(rank).done[p], e - 1, g_timeout_ns, site("done", p));
+  }
+  void announce_ready() {
+    EMU_CHECK(s.push && c.builders_build, "rank %d cta %d announces without the push transport", rank, cta);
+    for (int p = 0; p < s.tp; ++p)
+      if (p != rank) wait_peer_done(p);
+    jitter();
+    for (int p = 0; p < s.tp; ++p)
+      if (p != rank) store_release<Scope::kSys>(&ctl(p).ready[rank], e);
+  }
 
   // The "GEMM": this rank's partial of tile t. The tag is cleared first and set
   // last, so a reader that sees the right tag before and after read this epoch's data.
   // Hopper builders take a band column by column (RsSm90Sched) and stage by
   // coordinates (RsSm90Hooks::slot_of); portable builders row by row.
+  // Push: written into the chunk owner's staging (rs_staged), once the owner
+  // announced it free (the kernel's RsSm90Hooks::before_tile).
   void build(const RsTile& t) {
     const RsBandTile bt = c.builders_build ? rs_band_tile_colmajor(s, t.band, t.k)
                                            : RsBandTile{t.k / s.NT, t.k % s.NT};
-    const int slot = rs_stage_slot(s, t.band, t.chunk, rs_band_index(s, bt.row, bt.col));
-    __atomic_fetch_add(&me().built[slot], 1u, __ATOMIC_RELAXED);
+    const int k = rs_band_index(s, bt.row, bt.col);
+    const RsStaged h = rs_staged(s, rank, t.chunk);
+    const int slot = rs_stage_slot(s, t.band, h.pos, k);
+    __atomic_fetch_add(&me().built[rs_stage_slot(s, t.band, t.chunk, k)], 1u, __ATOMIC_RELAXED);
     if (reducing) __atomic_fetch_add(&g_help_builds, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&me().tag[slot], 0ull, __ATOMIC_RELAXED);
+    if (h.home != rank) wait_ge<Scope::kSys>(&ctl(rank).ready[h.home], e, g_timeout_ns, site("ready", h.home));
+    Rank& home = *ranks[h.home];
+    __atomic_store_n(&home.tag[slot], 0ull, __ATOMIC_RELAXED);
     jitter();
     const int row = t.band * s.R + bt.row, tn = bt.col;
     for (int i = 0; i < kElems; ++i)
-      __atomic_store_n(&me().stage[slot * kElems + i], fbits(partial(data_seed, e, rank, t.chunk, row, tn, i)),
+      __atomic_store_n(&home.stage[slot * kElems + i], fbits(partial(data_seed, e, rank, t.chunk, row, tn, i)),
                        __ATOMIC_RELAXED);
-    __atomic_store_n(&me().tag[slot], stage_tag(e, rank, slot), __ATOMIC_RELAXED);
+    __atomic_store_n(&home.tag[slot], stage_tag(e, rank, slot), __ATOMIC_RELAXED);
   }
   // Hopper builders, timed as the engine runs them: the producer claims one
   // tile ahead (marking a step claimed at its claim, RsSm90Sched::next), and the
@@ -156,7 +180,10 @@ struct HostOps {
     }
   }
   uint32_t band_add(int b, int ch) { return add_acq_rel_gpu_u32(&ctl(rank).band_count[rs_flag_index(b, ch)], 1); }
-  void publish(int b, int ch) { store_release<Scope::kSys>(&ctl(rank).pub[rs_flag_index(b, ch)], e); }
+  void publish(int b, int ch) {
+    const RsStaged h = rs_staged(s, rank, ch);
+    store_release<Scope::kSys>(&ctl(h.home).pub[rs_flag_index(b, h.pos)], e);
+  }
 
   // Waiting on a peer's step is allowed only once our own step b is claimed.
   void wait_step_claimed(int src, int b) {
@@ -168,25 +195,33 @@ struct HostOps {
     const bool claimed = src == rank ? build_claimed(rs_step_end(s, b) - 1)
                                      : load_acquire<Scope::kSys>(&ctl(src).step_claimed[b]) >= e;
     EMU_CHECK(claimed, "rank %d cta %d waits on band %d of rank %d, not claimed there", rank, cta, b, src);
-    wait_ge<Scope::kSys>(&ctl(src).pub[rs_flag_index(b, rank)], e, g_timeout_ns, site("pub", b));
+    const RsStaged h = rs_staged(s, src, rank);
+    wait_ge<Scope::kSys>(&ctl(h.home).pub[rs_flag_index(b, h.pos)], e, g_timeout_ns, site("pub", b));
   }
-  bool tags_ok(int slot, const char* when) {
+  // Rank src's partial of tile k of band b of our chunk: its rank and slot.
+  std::pair<Rank*, int> staged(int src, int b, int k) {
+    const RsStaged h = rs_staged(s, src, rank);
+    return {ranks[h.home].get(), rs_stage_slot(s, b, h.pos, k)};
+  }
+  bool tags_ok(int b, int k, const char* when) {
     bool ok = true;
     for (int src = 0; src < s.tp; ++src) {
-      const uint64_t tg = __atomic_load_n(&ranks[src]->tag[slot], __ATOMIC_RELAXED);
-      EMU_CHECK(tg == stage_tag(e, src, slot), "rank %d epoch %llu: staging slot %d of rank %d %s read: tag %llx",
-                rank, (unsigned long long)e, slot, src, when, (unsigned long long)tg);
+      const auto [home, slot] = staged(src, b, k);
+      const uint64_t tg = __atomic_load_n(&home->tag[slot], __ATOMIC_RELAXED);
+      EMU_CHECK(tg == stage_tag(e, src, slot), "rank %d epoch %llu: rank %d's partial (slot %d) %s read: tag %llx",
+                rank, (unsigned long long)e, src, slot, when, (unsigned long long)tg);
       ok = ok && tg == stage_tag(e, src, slot);
     }
     return ok;
   }
   void reduce(const RsSlice& sl) {
     for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
-      const int slot = rs_stage_slot(s, sl.band, rank, k), tile = sl.band * s.R * s.NT + k;
-      if (!tags_ok(slot, "before")) continue;
+      const int tile = sl.band * s.R * s.NT + k;
+      if (!tags_ok(sl.band, k, "before")) continue;
       jitter();
       auto src = [&](int r, uint32_t i) {
-        return ffrom(__atomic_load_n(&ranks[r]->stage[slot * kElems + i], __ATOMIC_RELAXED));
+        const auto [home, slot] = staged(r, sl.band, k);
+        return ffrom(__atomic_load_n(&home->stage[slot * kElems + i], __ATOMIC_RELAXED));
       };
       auto dst = [&](uint32_t i, float sum) {
         me().sum32[tile * kElems + i] = fbits(sum);
@@ -194,7 +229,7 @@ struct HostOps {
       };
       rs_reduce_fixed(s.tp, kElems, 0, 1, src, dst);
       jitter();  // a peer that reused its staging too early overwrites it now
-      tags_ok(slot, "after");
+      tags_ok(sl.band, k, "after");
       __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
     }
   }
@@ -241,10 +276,12 @@ uint64_t check_epoch(const Case& c, const RsShape& s, Rank& r, uint64_t e, unsig
 // a thread takes the next CTA from a random start order only when it is free.
 void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsigned data_seed,
               std::vector<uint64_t>& digests) {
-  const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice};
   std::mt19937 rng(jitter_seed * 2654435761u + (unsigned)rank);
   Rank& r = *ranks[rank];
+  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
   for (int it = 0; it < c.epochs; ++it) {
+    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it)};
+    const bool prev_pull = it > 0 && !push_at(it - 1);
     const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
     std::fill(r.built.begin(), r.built.end(), 0u);
     std::fill(r.reduced.begin(), r.reduced.end(), 0u);
@@ -261,7 +298,8 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
              k = __atomic_fetch_add(&r.launched, 1u, __ATOMIC_RELAXED)) {
           const int cta = order[k];
           const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + 977u * (unsigned)w + (unsigned)cta;
-          HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s};
+          HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s,
+                      prev_pull};
           if (c.builders_build)
             rs_cta_builders_build(ops, s, cta, c.grid, c.reducers, c.switching);
           else
@@ -327,6 +365,19 @@ std::vector<Case> make_cases() {
         cases.push_back({tp, 3, 3, red, d.T, d.NT, d.R, d.slice, 3, 20, hopper, false});
       }
   cases.push_back({2, 2, 4, 1, 5, 2, 2, 3, 3, 20, false, false});  // 2 resident of 4, portable
+  // Push transport (Hopper life), and epochs alternating with pull.
+  for (int tp : {2, 3, 4})
+    for (int W : {1, 3})
+      for (int red : {0, 1, 99})
+        for (int push : {1, 2}) {
+          const Dims d = dims[n++ % 4];
+          cases.push_back({tp, W, W, red > W ? W : red, d.T, d.NT, d.R, d.slice, 4, 20, true, true, push});
+        }
+  for (int push : {1, 2}) {
+    cases.push_back({8, 4, 4, 2, 5, 3, 1, 1, 4, 5, true, true, push});
+    cases.push_back({3, 3, 3, 1, 5, 2, 2, 3, 4, 20, true, false, push});  // fixed split
+    cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, push});    // one CTA, no delays
+  }
   return cases;
 }
 
@@ -338,10 +389,15 @@ int main() {
   unsigned seed = 1;
   for (const Case& c : cases) {
     // Named before it runs: a bounded wait that traps leaves this as the last line.
-    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d\n", c.tp, c.W, c.grid, c.reducers, c.T,
-                c.NT, c.R, c.slice);
+    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d push=%d\n", c.tp, c.W, c.grid, c.reducers,
+                c.T, c.NT, c.R, c.slice, c.push);
     std::fflush(stdout);
     const std::vector<uint64_t> a = run_case(c, seed, seed + 1000);
+    if (c.push) {  // the same data pulled: the same bits
+      Case pull = c;
+      pull.push = 0;
+      EMU_CHECK(a == run_case(pull, seed + 7000, seed + 1000), "tp=%d W=%d: push and pull outputs differ", c.tp, c.W);
+    }
     // Same data, other interleaving: the outputs must be bitwise the same.
     if (c.tp >= 3 && c.W >= 2) {
       const std::vector<uint64_t> b = run_case(c, seed + 5000, seed + 1000);
