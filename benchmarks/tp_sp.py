@@ -8,7 +8,9 @@ one run (DESIGN.md §7):
                   (ops.matmul impl="fused") and gemm_alone_xla (XLA's dot)
   pallas_mgpu     JAX's Pallas Mosaic-GPU all_gather_lhs_matmul, best of a few tile configs (AG only)
   kosmos_unfused  XLA's collective, then ops.matmul(impl="fused")
-  kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused"
+  kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused" (the default transport, pull)
+  kosmos_push     the fused lowering with transport="push" (movers / builders write into the
+                  peers' heaps; kosmos_jax.config AgConfig / RsConfig)
   fixed_split     the fused lowering with role switching off (switching=False) and a fixed
                   crew of movers / reducers: rows fixed_split_56 (56 CTAs) and
                   fixed_split_best (best of a small sweep)
@@ -58,10 +60,12 @@ import harness  # noqa: E402
 import tp_sp_arms as A  # noqa: E402
 
 KERNELS = ("ag_tn", "tn_rs")
-FAMILIES = ("xla", "comm_alone", "gemm_alone", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split")
-PLOT_ARMS = ("pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split_best", "gemm_alone_kosmos",
+FAMILIES = ("xla", "comm_alone", "gemm_alone", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push",
+            "fixed_split")
+PLOT_ARMS = ("pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "fixed_split_best", "gemm_alone_kosmos",
              "gemm_alone_xla")
-COMPARED = ("xla", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "fixed_split_56", "fixed_split_best")
+COMPARED = ("xla", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "fixed_split_56",
+            "fixed_split_best")
 QUICK = {"ag_tn": ["8B-QKV-MBS1", "8B-FC1-MBS4", "70B-QKV-MBS2", "70B-FC1-MBS1", "405B-FC1-MBS1"],
          "tn_rs": ["8B-OProj-MBS1", "8B-Down-MBS4", "70B-OProj-MBS2", "70B-Down-MBS1", "405B-Down-MBS1"]}
 DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16}
@@ -221,6 +225,8 @@ def plan(pb, family, args):
             ("gemm_alone_xla", lambda: A.arm_gemm_alone(pb, "xla"))]
   if family == "kosmos_fused":
     return [(family, lambda: A.arm_kosmos_fused(pb, args.fused_knobs))]
+  if family == "kosmos_push":
+    return [(family, lambda: A.arm_kosmos_fused(pb, {**args.fused_knobs, "transport": "push"}))]
   if family != "fixed_split":
     return [(family, lambda: getattr(A, f"arm_{family}")(pb))]
   grid = A.num_sms()
