@@ -31,6 +31,7 @@ for tu in "${TUS[@]}"; do
   # push kernels 36-48, from their announce and ready waits, found by taking
   # those out; the pull kernels 12 (AG) and 0 (RS), as before push existed).
   spills=$(grep -o '[0-9]* bytes spill stores' "$OUT/$tu.log" | cut -d' ' -f1 | tr '\n' ' ')
-  echo "$tu: $(grep -c 'Compiling entry function' "$OUT/$tu.log") kernels, no wgmma serialisation; spill stores (bytes): ${spills% }"
+  kernels=$(grep -c 'Compiling entry function' "$OUT/$tu.log")
+  echo "$tu: $kernels kernels, no wgmma serialisation; spill stores (bytes): ${spills% }"
 done
 echo "sm90_ptxas_check: ok"

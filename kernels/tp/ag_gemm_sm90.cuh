@@ -65,8 +65,8 @@ struct AgSm90Hooks {
     const bool own = src == rank;
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
-    wait_ge<kPush ? Scope::kSys : Scope::kGpu>(flag, epoch, timeout_ns,
-                         {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
+    wait_ge<kPush ? Scope::kSys : Scope::kGpu>(
+        flag, epoch, timeout_ns, {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
     gemm::async_proxy_fence();
   }
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      AgSm90Hooks<kPush> hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N,
-                        a.trace};
+      AgSm90Hooks<kPush> hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T,
+                               a.rows, a.m_local, a.N, a.trace};
       sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks<kPush>>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }

@@ -163,7 +163,8 @@ def test_sm90_push_bitwise_equals_pull(stage):
   x, w = fresh((2560, 512), BF16), fresh((512, 4096), BF16, scale=512 ** -0.5)
   base = np.asarray(_check(mesh, x, w, stage=stage)).view(np.uint16)
   for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(reducers=0), dict(reducers=40), dict(band_rows=4),
-             dict(band_rows=8, cu_cap=1), dict(reducers=3, switching=False), dict(cu_cap=2, reducers=1, switching=False)):
+             dict(band_rows=8, cu_cap=1), dict(reducers=3, switching=False),
+             dict(cu_cap=2, reducers=1, switching=False)):
     got = np.asarray(_check(mesh, x, w, stage=stage, transport="push", **kw)).view(np.uint16)
     assert np.array_equal(got, base), f"push {kw}: bits differ from pull"
 
