@@ -5,7 +5,8 @@ the benchmark: benchmarks/tp_sp.py is). Per shape, bf16, ms per call (harness.ti
             epilogue (and for tn_rs the staging + a one-rank reduction), no transport
   tp2 c=N   the fused op on 2 GPUs with N CTAs in the initial comm crew
   xla       XLA's collective + dot on 2 GPUs
-Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [--crews 8,16] [--bands 1,8] [M K N ...]
+Usage: python scripts/gpu_bench_fused.py ag_tn|tn_rs [--only ARM] [--crews 8,16] [--bands 1,8]
+       [--transport pull|push] [M K N ...]
 (M total rows; ag_tn: K, N per rank; tn_rs: K per rank, N; --help for the options)"""
 import argparse
 import os
@@ -37,19 +38,20 @@ def _time(f, ins):
   return harness.time_fn(f, [ins], calls=10, reps=3).median_ms
 
 
-def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32), bands=()):
-  """name -> (jitted fn, inputs) for one shape."""
+def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32), bands=(), transport="pull"):
+  """name -> (jitted fn, inputs) for one shape; the tp2 arms use `transport`."""
   key1, key2 = jax.random.key(1), jax.random.key(2)
   sm = lambda mesh, fn, ins, out: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=ins, out_specs=out))
   put = lambda a, mesh, spec: jax.device_put(a, NamedSharding(mesh, spec))
   if kernel == "ag_tn":
     x, w = jax.random.normal(key1, (M, K), jnp.bfloat16), jax.random.normal(key2, (K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, op = P("tp", None), P(), P("tp", None), ag_tn_fused
+    xs, ws, ys, fused = P("tp", None), P(), P("tp", None), ag_tn_fused
     xla = lambda a, b: jax.lax.all_gather(a, "tp", axis=0, tiled=True) @ b
   else:  # x [M, tp*K], w [tp*K, N]: rank r holds K columns of x and K rows of w
     x, w = jax.random.normal(key1, (M, 2 * K), jnp.bfloat16), jax.random.normal(key2, (2 * K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, op = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
+    xs, ws, ys, fused = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
     xla = lambda a, b: jax.lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
+  op = lambda a, b, **kw: fused(a, b, transport=transport, **kw)  # noqa: E731
   x1, w1 = put(x[:, :K] if kernel == "tn_rs" else x, m1, P()), put(w[:K] if kernel == "tn_rs" else w, m1, P())
   x2, w2 = put(x, m2, xs), put(w, m2, ws)
   arms = {
@@ -75,15 +77,16 @@ def main():
   ap.add_argument("--only", help="time just this arm (e.g. under ncu)")
   ap.add_argument("--crews", type=ints, default=(0, 8, 16, 32), help="the tp2 crews timed")
   ap.add_argument("--bands", type=ints, default=(), help="tn_rs: one more tp2 arm per band height")
+  ap.add_argument("--transport", default="pull", choices=("pull", "push"), help="the fused arms' transport")
   a = ap.parse_intermixed_args()
   if len(a.shape) % 3:
     ap.error(f"shape: {len(a.shape)} integers is not a list of M K N triples")
   kernel, only, args = a.kernel, a.only, a.shape or DEFAULT[a.kernel]
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   m2, m1 = jax.sharding.Mesh(np.array(gpus[:2]), ("tp",)), jax.sharding.Mesh(np.array(gpus[:1]), ("tp",))
-  print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call")
+  print(f"{kernel} on {gpus[0].device_kind}; bf16; ms per call; transport {a.transport}")
   for M, K, N in zip(args[0::3], args[1::3], args[2::3]):
-    arms = _arms(kernel, M, K, N, m1, m2, a.crews, a.bands)
+    arms = _arms(kernel, M, K, N, m1, m2, a.crews, a.bands, a.transport)
     line = [f"{name}={_time(f, ins):.3f}" for name, (f, ins) in arms.items() if only in (None, name)]
     print(f"M={M} K={K} N={N}: " + "  ".join(line), flush=True)
   print("builder runs:", builder_runs())
