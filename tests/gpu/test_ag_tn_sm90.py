@@ -81,10 +81,11 @@ def test_sm90_back_to_back_fresh_inputs():
       assert_close(got, _oracle(x, w), BF16, what=f"back-to-back call {i}, rank {rank}")
 
 
-def test_sm90_scan_200_calls_grid1_and_cap():
+@pytest.mark.parametrize("transport", ["pull", "push"])
+def test_sm90_scan_200_calls_grid1_and_cap(transport):
   """200 launches inside one jitted scan, at grid 1 and at a CU cap."""
   mesh = gpu_mesh(2, hopper=True)
-  for kw in (dict(cu_cap=1), dict(cu_cap=7)):
+  for kw in (dict(cu_cap=1, transport=transport), dict(cu_cap=7, transport=transport)):
     def body(c, _, kw=kw):
       y = ag_tn_fused(c[0], c[1], axis_name="tp", **kw)
       return c, y[:, :8, :8].astype(jnp.float32).sum()

@@ -121,10 +121,11 @@ def test_sm90_back_to_back_fresh_inputs():
     assert_close(y, _oracle(x, w), BF16, what=f"back-to-back call {i}")
 
 
-def test_sm90_scan_200_calls_grid1_and_cap():
+@pytest.mark.parametrize("transport", ["pull", "push"])
+def test_sm90_scan_200_calls_grid1_and_cap(transport):
   mesh = gpu_mesh(2, hopper=True)
   xs, ws, _ = _specs(2)
-  for kw in (dict(cu_cap=1), dict(cu_cap=7)):
+  for kw in (dict(cu_cap=1, transport=transport), dict(cu_cap=7, transport=transport)):
     def body(c, _, kw=kw):
       y = tn_rs_fused(c[0], c[1], axis_name="tp", **kw)
       return c, y[:8, :8].astype(jnp.float32).sum()
