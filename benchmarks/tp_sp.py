@@ -373,6 +373,41 @@ def _switching_lines(rows, kernel):
   return out
 
 
+# Issue 6's bars per kernel: geomean speedup over XLA, and (both) no shape slower
+# than XLA, every shape within 1.15x of our GEMM alone, >= 1.15x Pallas MGPU (AG).
+BARS = {"ag_tn": 1.40, "tn_rs": 1.55}
+GEMM_BOUND, PALLAS_BAR = 1.15, 1.15
+
+
+def _acceptance_lines(rows, kernel):
+  """The bars for each fused arm measured (pull and push), with the counts they rest on."""
+  by = {(r["shape"], r["arm"]): r for r in rows if r["kernel"] == kernel and r["status"] == "ok"}
+  shapes = list(dict.fromkeys(r["shape"] for r in rows if r["kernel"] == kernel))
+  out = []
+  for arm in ("kosmos_fused", "kosmos_push"):
+    mine = [s for s in shapes if (s, arm) in by and (s, "xla") in by]
+    if not mine:
+      continue
+    t = lambda s, a: by[(s, a)]["median_ms"]  # noqa: E731
+    sp = [t(s, "xla") / t(s, arm) for s in mine]
+    checks = [(f"geomean speedup {geomean(sp):.3f} (need >= {BARS[kernel]})", geomean(sp) >= BARS[kernel]),
+              (f"slowest shape {min(sp):.3f} x XLA (need >= 1)", min(sp) >= 1.0)]
+    g = [t(s, arm) / t(s, "gemm_alone_kosmos") for s in mine if (s, "gemm_alone_kosmos") in by]
+    if g:
+      checks.append((f"worst {max(g):.3f} x our GEMM alone on {len(g)} shapes (need <= {GEMM_BOUND})",
+                     max(g) <= GEMM_BOUND))
+    pal = [t(s, "pallas_mgpu") / t(s, arm) for s in mine if (s, "pallas_mgpu") in by]
+    if kernel == "ag_tn" and pal:
+      checks.append((f"geomean {geomean(pal):.3f} x Pallas MGPU on {len(pal)} shapes (need >= {PALLAS_BAR})",
+                     geomean(pal) >= PALLAS_BAR))
+    verdict = "PASS" if all(ok for _, ok in checks) and len(mine) == len(shapes) else "FAIL"
+    if all(ok for _, ok in checks) and len(mine) < len(shapes):
+      verdict = "INCOMPLETE"
+    out.append(f"- issue 6 bars, {kernel} {arm} ({len(mine)} / {len(shapes)} shapes): "
+               + "; ".join(f"{what}: {'ok' if ok else 'no'}" for what, ok in checks) + f" -> {verdict}")
+  return out
+
+
 def summarize(rows, args):
   lines = [f"TP = {rows[0]['tp'] if rows else '?'}; dtype {args.dtype}; shapes: "
            + ("smoke (tiny)" if args.smoke else
@@ -382,6 +417,7 @@ def summarize(rows, args):
            "speedup = xla ms / arm ms; frac. of floor = max(best GEMM alone, collective alone) ms / arm ms.", ""]
   for k in args.kernels:
     lines += _arm_table(rows, k) + [""]
+  lines += [x for k in args.kernels for x in _acceptance_lines(rows, k)]
   sw = [x for k in args.kernels for x in _switching_lines(rows, k)]
   lines += sw or ["- fixed split: no shape has both kosmos_fused and a fixed split measured"]
   lines.append("- fixed split: role switching off (switching=False): the crew only moves / reduces, the rest "

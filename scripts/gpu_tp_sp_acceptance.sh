@@ -36,7 +36,7 @@ if [ "$(left)" -gt 90 ]; then
   timeout $(( $(left) - 20 )) $PY benchmarks/tp_sp.py --kernels "${KERNELS:-ag_tn,tn_rs}" --shapes "${SHAPES:-all}" \
     --arms "${ARMS:-xla,gemm_alone,kosmos_fused,kosmos_push}" --sweep none --budget-s $(( $(left) - 60 )) \
     > "$OUT/tp_sp.log" 2>&1
-  echo "tp_sp.py rc=$? at ${SECONDS}s"; grep -E "geomean|acceptance" "$OUT/tp_sp.log" | head -20
+  echo "tp_sp.py rc=$? at ${SECONDS}s"; grep -E "issue 6 bars|^\| (kosmos|xla|gemm)" "$OUT/tp_sp.log" | head -24
 else
   echo "skipped tp_sp.py: $(left) s left"
 fi

@@ -149,3 +149,24 @@ def test_time_candidates_records_failures():
   cs = cands()
   tp_sp.time_candidates(cs, types.SimpleNamespace(protocol="interleaved", reps=2, warmup_s=0.0))
   assert all(c["timing"] is None and "interleaved timing" in c["error"] for c in cs)
+
+
+def test_acceptance_lines_apply_issue_6_bars():
+  """The verdict per fused arm: geomean bar, no shape slower than XLA, within 1.15x of our
+  GEMM alone, and (AG) 1.15x Pallas; a shape the arm did not measure makes it INCOMPLETE."""
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import tp_sp
+
+  def row(shape, arm, ms, status="ok"):
+    return dict(kernel="ag_tn", shape=shape, arm=arm, status=status, median_ms=ms)
+  rows = [row("a", "xla", 3.0), row("a", "gemm_alone_kosmos", 1.9), row("a", "kosmos_fused", 2.0),
+          row("a", "pallas_mgpu", 2.4), row("a", "kosmos_push", 1.5),
+          row("b", "xla", 2.0), row("b", "gemm_alone_kosmos", 1.0), row("b", "kosmos_fused", 1.1),
+          row("b", "pallas_mgpu", 1.4), row("b", "kosmos_push", 0.0, status="failed")]
+  fused, push = tp_sp._acceptance_lines(rows, "ag_tn")
+  assert "kosmos_fused (2 / 2 shapes)" in fused and fused.endswith("-> PASS"), fused   # 1.5x, 1.82x; <= 1.1x GEMM
+  assert "kosmos_push (1 / 2 shapes)" in push and push.endswith("-> INCOMPLETE"), push
+  rows[2]["median_ms"] = 3.1  # slower than XLA on shape a, 1.63x its GEMM alone
+  (fused, _) = tp_sp._acceptance_lines(rows, "ag_tn")
+  assert "slowest shape 0.968 x XLA (need >= 1): no" in fused and fused.endswith("-> FAIL"), fused
+  assert tp_sp._acceptance_lines([r for r in rows if r["arm"] == "xla"], "ag_tn") == []
