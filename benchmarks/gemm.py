@@ -105,7 +105,7 @@ def time_blocks(fns, sets, calls, reps, cap_reps, kosmos_first=False):
   return out
 
 
-def bench_shape(layout, sh, caps, reps, cap_reps, protocol="interleaved", settle_s=2.0):
+def bench_shape(layout, sh, caps, reps, cap_reps, protocol="sustained", settle_s=1.5):
   M, N, K = sh["M"], sh["N"], sh["K"]
   flop = 2.0 * M * N * K
   sets = harness.rotation(lambda i: make_inputs(layout, M, N, K, i), 2 * (M * K + N * K))
@@ -229,7 +229,7 @@ def report_csv(path):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--caps", default="124,116,100,66")
-  ap.add_argument("--reps", type=int, default=7, help="windows per arm (interleaved) or reps (blocks)")
+  ap.add_argument("--reps", type=int, default=7, help="timed windows per arm (sustained, interleaved) or reps (blocks)")
   ap.add_argument("--cap-reps", type=int, default=3, help="--protocol blocks: reps of each capped arm")
   ap.add_argument("--protocol", default="sustained",
                   choices=("sustained", "interleaved", "blocks", "blocks-kosmos-first"))

@@ -93,8 +93,8 @@ def parse_args(argv=None):
   ap.add_argument("--target-ms", type=float, default=20.0, help="work per timed repetition")
   ap.add_argument("--budget-s", type=float, default=0.0, help="stop starting work after this (0: none)")
   ap.add_argument("--fused-knobs", default="", metavar="NAME=VALUE,...",
-                  help="launch knobs for the kosmos_fused arm (e.g. band_rows=8 for tn_rs, transport=push for "
-                  "ag_tn); recorded as its variant")
+                  help="launch knobs for the kosmos_fused and kosmos_push arms (e.g. band_rows=8 for tn_rs, "
+                  "transport=push); recorded as their variant")
   ap.add_argument("--out-dir", default=str(harness.HERE / "out"))
   ap.add_argument("--tag", default="", help="suffix of the output file names")
   ap.add_argument("--no-append", action="store_true", help="do not append to benchmarks/RESULTS.md")

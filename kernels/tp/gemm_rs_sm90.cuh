@@ -93,7 +93,7 @@ struct RsSm90Hooks {
   // the chunk owner's under push).
   KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    const RsStaged h = kPush ? RsStaged{chunk, rank} : RsStaged{rank, chunk};  // rs_staged()
+    const RsStaged h = rs_staged(kPush, rank, chunk);
     const int slot = rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n));
     return stage_at(h.home) + (size_t)slot * rs_tile_elems(tile_n);
   }
@@ -118,7 +118,7 @@ struct RsSm90Hooks {
     if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 !=
         (uint32_t)rs_band_tiles(s, band))
       return;
-    const RsStaged h = kPush ? RsStaged{chunk, rank} : RsStaged{rank, chunk};  // rs_staged()
+    const RsStaged h = rs_staged(kPush, rank, chunk);
     store_release<Scope::kSys>(&ctrl_at(h.home)->pub[rs_flag_index(band, h.pos)], epoch);
   }
 };
@@ -186,7 +186,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
       const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
       // Rank src's partial of this tile (pull: in src's staging; push: pushed into ours).
       auto partial = [&](int src) {
-        const RsStaged h = kPush ? RsStaged{a.rank, src} : RsStaged{src, a.rank};  // rs_staged()
+        const RsStaged h = rs_staged(kPush, src, a.rank);
         return tile(h.home, rs_stage_slot(sh, sl.band, h.pos, k));
       };
       for (int base = threadIdx.x; base < groups; base += step) {

@@ -97,9 +97,11 @@ KOSMOS_HD inline int rs_stage_slot(const RsShape& s, int b, int c, int k) {
 struct RsStaged {
   int home, pos;
 };
-KOSMOS_HD inline RsStaged rs_staged(const RsShape& s, int writer, int c) {
-  return s.push ? RsStaged{c, writer} : RsStaged{writer, c};
+// (push as a parameter: the Hopper kernels pass their compile-time kPush.)
+KOSMOS_HD inline RsStaged rs_staged(bool push, int writer, int c) {
+  return push ? RsStaged{c, writer} : RsStaged{writer, c};
 }
+KOSMOS_HD inline RsStaged rs_staged(const RsShape& s, int writer, int c) { return rs_staged(s.push != 0, writer, c); }
 
 KOSMOS_HD inline int rs_slices(const RsShape& s, int b) { return (rs_band_tiles(s, b) + s.slice - 1) / s.slice; }
 KOSMOS_HD inline int rs_n_reduce(const RsShape& s) {
