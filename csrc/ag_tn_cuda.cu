@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ag_tn_sm90.h"
+#include "fused_run.h"
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
@@ -45,16 +46,77 @@ std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
 }
 
 
-}  // namespace kosmos
-
-using namespace kosmos;
-
 // 8 tile rows per build band: 8 x 128 rows of A plus a band of W columns stay
 // in L2 across a wave. (ops.matmul now uses gemm::swizzle_group's rule, 16 for
 // 128x256 on 132 SMs; the fused kernel's bands also set when rows become
 // ready, so it keeps 8 until measured there.)
 constexpr int kAgSwizzle = 8;
 
+ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int ctrl_slot, const AgArgs& a) {
+  const int64_t rows = a.rows, m_local = a.m_local, K = a.K, N = a.N, tp = a.tp;
+  const size_t es = ffi::ByteWidth(a.dtype);
+  const int dt = dtype_index(a.dtype);
+  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
+  const bool sm90 = hopper_builders_apply(dt, ag_tn_sm90_ready(ordinal), K, N, a.x, a.w, a.y);
+  if (a.push && tp > 1 && !sm90)
+    return ffi::Error::InvalidArgument(
+        "kosmos_ag_tn: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, "
+        "16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); these inputs run the "
+        "portable builders, which support transport='pull' only");
+  const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
+  // The Hopper builders read every shard as whole 128-row tiles of one matrix.
+  const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
+  const int tile_n = sm90 ? ag_tn_sm90_tile_n() : portable::kBN;
+  if (a.y_bytes != (size_t)(rows * tp * N) * es)
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: output has " + std::to_string(a.y_bytes) + " bytes, want " +
+                                       std::to_string(rows * tp * N * es));
+  if (tile_rows > kMaxTileRows || kHeapDataOffset + tp * slot > g.heap_bytes)
+    return ffi::Error::InvalidArgument(
+        "kosmos_ag_tn: " + std::to_string(rows) + " local rows x k=" + std::to_string(K) + " need " +
+        std::to_string((kHeapDataOffset + tp * slot + (1u << 20) - 1) >> 20) + " MiB of heap (have " +
+        std::to_string(g.heap_bytes >> 20) + " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) "
+        "before the first kosmos op) and at most " +
+        std::to_string(kMaxTileRows * portable::kBM) + " rows");
+  if (reinterpret_cast<uintptr_t>(a.x) % kVecBytes)
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: x is not 16-byte aligned");
+  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  int mv = a.movers < 0 ? default_movers(grid, (int)tp) : (int)(a.movers > grid ? grid : a.movers);
+  if (sm90 && tp > 1 && mv < 1) mv = 1;  // Hopper builders never move (tp/ag_gemm_sm90.cuh)
+  if (!a.switching) {  // a fixed split keeps at least one builder (and, for Hopper builders, one mover)
+    if (grid < 2 && (sm90 && tp > 1))
+      return ffi::Error::InvalidArgument("kosmos_ag_tn: switching=False with Hopper builders needs at least 2 CTAs "
+                                         "(a mover and a builder); got a grid of " + std::to_string(grid));
+    if (mv > grid - 1) mv = grid - 1;
+  }
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AgParams<T> p{};
+    p.x = static_cast<const T*>(a.x);
+    p.w = static_cast<const T*>(a.w);
+    p.y = static_cast<T*>(a.y);
+    for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
+    p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
+    p.K = (int)K; p.N = (int)N;
+    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
+                      a.push && tp > 1};
+    p.movers = mv; p.switching = a.switching != 0;
+    p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
+    p.trace = trace_buf(ordinal, g.rank);
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (sm90)
+        return launch_counted("kosmos_ag_tn", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],
+                              [&] { return ag_tn_sm90_launch(p, grid, stream); });
+    }
+    ffi::Error err = launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, a.y_bytes);
+    if (err.success()) g_runs[1]++;
+    return err;
+  };
+  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+}
+
+}  // namespace kosmos
+
+using namespace kosmos;
 
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -69,66 +131,9 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("kosmos_ag_tn: need x [..., m_local, k] and w [k, n]");
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < xd.size(); ++i) rows *= xd[i];
-  const int64_t m_local = xd[xd.size() - 2], K = xd.back(), N = wd[1];
-  const size_t es = ffi::ByteWidth(x.element_type());
-  const int dt = dtype_index(x.element_type());
-  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
-  const bool sm90 = hopper_builders_apply(dt, ag_tn_sm90_ready(ordinal), K, N, x.untyped_data(), w.untyped_data(),
-                                          y->untyped_data());
-  if (push && tp > 1 && !sm90)
-    return ffi::Error::InvalidArgument(
-        "kosmos_ag_tn: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, "
-        "16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); these inputs run the "
-        "portable builders, which support transport='pull' only");
-  const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
-  // The Hopper builders read every shard as whole 128-row tiles of one matrix.
-  const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
-  const int tile_n = sm90 ? ag_tn_sm90_tile_n() : portable::kBN;
-  if (y->size_bytes() != (size_t)(rows * tp * N) * es)
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: output has " + std::to_string(y->size_bytes()) + " bytes, want " +
-                                       std::to_string(rows * tp * N * es));
-  if (tile_rows > kMaxTileRows || kHeapDataOffset + tp * slot > g.heap_bytes)
-    return ffi::Error::InvalidArgument(
-        "kosmos_ag_tn: " + std::to_string(rows) + " local rows x k=" + std::to_string(K) + " need " +
-        std::to_string((kHeapDataOffset + tp * slot + (1u << 20) - 1) >> 20) + " MiB of heap (have " +
-        std::to_string(g.heap_bytes >> 20) + " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) "
-        "before the first kosmos op) and at most " +
-        std::to_string(kMaxTileRows * portable::kBM) + " rows");
-  if (reinterpret_cast<uintptr_t>(x.untyped_data()) % kVecBytes)
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: x is not 16-byte aligned");
-  const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
-  int mv = movers < 0 ? default_movers(grid, (int)tp) : (int)(movers > grid ? grid : movers);
-  if (sm90 && tp > 1 && mv < 1) mv = 1;  // Hopper builders never move (tp/ag_gemm_sm90.cuh)
-  if (!switching) {  // a fixed split keeps at least one builder (and, for Hopper builders, one mover)
-    if (grid < 2 && (sm90 && tp > 1))
-      return ffi::Error::InvalidArgument("kosmos_ag_tn: switching=False with Hopper builders needs at least 2 CTAs "
-                                         "(a mover and a builder); got a grid of " + std::to_string(grid));
-    if (mv > grid - 1) mv = grid - 1;
-  }
-  auto launch = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    AgParams<T> p{};
-    p.x = static_cast<const T*>(x.untyped_data());
-    p.w = static_cast<const T*>(w.untyped_data());
-    p.y = static_cast<T*>(y->untyped_data());
-    for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
-    p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
-    p.K = (int)K; p.N = (int)N;
-    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
-                      push && tp > 1};
-    p.movers = mv; p.switching = switching != 0;
-    p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
-    p.trace = trace_buf(ordinal, g.rank);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted("kosmos_ag_tn", stream, p.y, y->size_bytes(), grid, ordinal, &g_runs[0],
-                              [&] { return ag_tn_sm90_launch(p, grid, stream); });
-    }
-    ffi::Error err = launch_persistent("kosmos_ag_tn", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
-    if (err.success()) g_runs[1]++;
-    return err;
-  };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  const AgArgs a{x.untyped_data(), w.untyped_data(), y->untyped_data(), y->size_bytes(), x.element_type(),
+                 rows, xd[xd.size() - 2], xd.back(), wd[1], tp, cu_cap, movers, switching, push};
+  return ag_tn_run(stream, ordinal, g, ctrl_slot, a);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,

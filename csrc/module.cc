@@ -13,6 +13,7 @@
 #ifdef KOSMOS_WITH_CUDA
 #include "cuda_info.h"
 #include "launch.h"
+#include "loopback.h"
 #include "matmul.h"
 #ifdef KOSMOS_WITH_CUDA
 #include "trace_buf.h"
@@ -111,6 +112,46 @@ static std::tuple<nb::bytes, nb::bytes, uint32_t> TraceRead(int ordinal) {
   if (!err.empty()) throw std::runtime_error(err);
   return {nb::bytes(records.data(), records.size()), nb::bytes(counts.data(), counts.size()), cap};
 }
+
+// Test hook (loopback.h): a fused call's ranks as concurrent launches on one
+// GPU. x, w: [set][rank] bf16 bytes. Returns (first [set][rank] output bytes,
+// mismatches per call, seconds); raises on any error.
+static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
+  std::vector<std::vector<std::string>> out;
+  for (nb::handle set : sets) {
+    out.emplace_back();
+    for (nb::handle b : nb::cast<nb::list>(set)) {
+      nb::bytes by = nb::cast<nb::bytes>(b);
+      out.back().emplace_back(static_cast<const char*>(by.data()), by.size());
+    }
+  }
+  return out;
+}
+
+static nb::tuple LoopbackRun(int ordinal, const std::string& op, int tp, int64_t rows, int64_t k, int64_t n,
+                             int64_t cu_cap, int64_t knob, int64_t switching, int64_t stage_bf16,
+                             int64_t band_rows, const std::vector<int>& push, int calls, size_t heap_bytes,
+                             const nb::list& x, const nb::list& w) {
+  kosmos::LoopbackSpec spec;
+  spec.op = op; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
+  spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.push = push;
+  spec.calls = calls; spec.heap_bytes = heap_bytes;
+  kosmos::LoopbackResult res;
+  const auto xs = BytesGrid(x), ws = BytesGrid(w);
+  std::string err;
+  {
+    nb::gil_scoped_release nogil;  // the calls may run for seconds
+    err = kosmos::loopback_run(ordinal, spec, xs, ws, &res);
+  }
+  if (!err.empty()) throw std::runtime_error(err);
+  nb::list first;
+  for (auto& set : res.first) {
+    nb::list ranks;
+    for (auto& y : set) ranks.append(nb::bytes(y.data(), y.size()));
+    first.append(ranks);
+  }
+  return nb::make_tuple(first, res.mismatches, res.seconds);
+}
 #endif
 
 NB_MODULE(_kosmos_ext, m) {
@@ -131,5 +172,6 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("trace_enable", &TraceEnable);
   m.def("trace_disable", &kosmos::trace_disable);
   m.def("trace_read", &TraceRead);
+  m.def("loopback_run", &LoopbackRun);
 #endif
 }

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "fused_run.h"
 #include "handlers.h"
 #include "launch.h"
 #include "runtime.h"
@@ -71,10 +72,71 @@ static std::string heap_check(const RsShape& s, int tile_n, int elem, int64_t ro
          " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) before the first kosmos op)";
 }
 
+ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int ctrl_slot, const RsArgs& a) {
+  const int64_t rows = a.rows, K = a.K, N = a.N, tp = a.tp;
+  const size_t es = ffi::ByteWidth(a.dtype);
+  if (a.y_bytes != (size_t)(rows * N) * es)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: output has " + std::to_string(a.y_bytes) +
+                                       " bytes, want " + std::to_string(rows * N * es));
+  const int dt = dtype_index(a.dtype);
+  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_tn_rs: dtype must be f32, f16 or bf16");
+  if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
+  // Hopper builders also need chunks of whole 128-row tiles: a TMA tile of x
+  // never straddles two ranks' chunks.
+  const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
+                                                                       a.x, a.w, a.y);
+  const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
+  if (a.push && tp > 1 && !sm90)
+    return ffi::Error::InvalidArgument(
+        "kosmos_tn_rs: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
+        "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
+        "these inputs run the portable builders, which support transport='pull' only");
+  // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
+  if (a.stage_bf16 && dt != 2)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
+  const bool bf16_stage = sm90 && a.stage_bf16;
+  if (a.band_rows < 1 || a.band_rows > kRsMaxBands)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(a.band_rows) + " must be in [1, " +
+                                       std::to_string(kRsMaxBands) + "]");
+  RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)a.band_rows : 1);
+  shape.push = a.push && tp > 1;
+  if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
+    return ffi::Error::InvalidArgument(err);
+  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
+  if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
+    if (grid < 2)
+      return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
+                                         "builder); got a grid of " + std::to_string(grid));
+    red = red < 1 ? 1 : red > grid - 1 ? grid - 1 : red;
+  }
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    RsParams<T> p{};
+    p.x = static_cast<const T*>(a.x);
+    p.w = static_cast<const T*>(a.w);
+    p.y = static_cast<T*>(a.y);
+    for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
+    p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
+    p.stage_bf16 = bf16_stage ? 1 : 0;
+    p.shape = shape; p.reducers = red; p.switching = a.switching != 0;
+    p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
+    p.trace = trace_buf(ordinal, g.rank);
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (sm90)
+        return launch_counted("kosmos_tn_rs", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],
+                              [&] { return tn_rs_sm90_launch(p, grid, stream); });
+    }
+    ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, a.y_bytes);
+    if (err.success()) g_runs[1]++;
+    return err;
+  };
+  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+}
+
 }  // namespace kosmos
 
 using namespace kosmos;
-
 
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
@@ -89,66 +151,9 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("kosmos_tn_rs: need x [tp*rows, k] and w [k, n]; got x rank " +
                                        std::to_string(xd.size()) + ", w rank " + std::to_string(wd.size()) +
                                        ", tp=" + std::to_string(tp));
-  const int64_t rows = xd[0] / tp, K = xd[1], N = wd[1];
-  const size_t es = ffi::ByteWidth(x.element_type());
-  if (y->size_bytes() != (size_t)(rows * N) * es)
-    return ffi::Error::InvalidArgument("kosmos_tn_rs: output has " + std::to_string(y->size_bytes()) +
-                                       " bytes, want " + std::to_string(rows * N * es));
-  const int dt = dtype_index(x.element_type());
-  if (dt < 0) return ffi::Error::InvalidArgument("kosmos_tn_rs: dtype must be f32, f16 or bf16");
-  if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
-  // Hopper builders also need chunks of whole 128-row tiles: a TMA tile of x
-  // never straddles two ranks' chunks.
-  const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
-                                                                       x.untyped_data(), w.untyped_data(),
-                                                                       y->untyped_data());
-  const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
-  if (push && tp > 1 && !sm90)
-    return ffi::Error::InvalidArgument(
-        "kosmos_tn_rs: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
-        "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
-        "these inputs run the portable builders, which support transport='pull' only");
-  // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
-  if (stage_bf16 && dt != 2)
-    return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
-  const bool bf16_stage = sm90 && stage_bf16;
-  if (band_rows < 1 || band_rows > kRsMaxBands)
-    return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(band_rows) + " must be in [1, " +
-                                       std::to_string(kRsMaxBands) + "]");
-  RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)band_rows : 1);
-  shape.push = push && tp > 1;
-  if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
-    return ffi::Error::InvalidArgument(err);
-  const int grid = (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
-  int red = reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(reducers > grid ? grid : reducers);
-  if (!switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
-    if (grid < 2)
-      return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
-                                         "builder); got a grid of " + std::to_string(grid));
-    red = red < 1 ? 1 : red > grid - 1 ? grid - 1 : red;
-  }
-  auto launch = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    RsParams<T> p{};
-    p.x = static_cast<const T*>(x.untyped_data());
-    p.w = static_cast<const T*>(w.untyped_data());
-    p.y = static_cast<T*>(y->untyped_data());
-    for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
-    p.rank = g.rank; p.tp = (int)tp; p.rows = (int)rows; p.K = (int)K; p.N = (int)N; p.tile_n = tile_n;
-    p.stage_bf16 = bf16_stage ? 1 : 0;
-    p.shape = shape; p.reducers = red; p.switching = switching != 0;
-    p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
-    p.trace = trace_buf(ordinal, g.rank);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted("kosmos_tn_rs", stream, p.y, y->size_bytes(), grid, ordinal, &g_runs[0],
-                              [&] { return tn_rs_sm90_launch(p, grid, stream); });
-    }
-    ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, y->size_bytes());
-    if (err.success()) g_runs[1]++;
-    return err;
-  };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  const RsArgs a{x.untyped_data(), w.untyped_data(), y->untyped_data(), y->size_bytes(), x.element_type(),
+                 xd[0] / tp, xd[1], wd[1], tp, cu_cap, reducers, stage_bf16, switching, band_rows, push};
+  return tn_rs_run(stream, ordinal, g, ctrl_slot, a);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,

@@ -1,0 +1,44 @@
+// The fused handlers' bodies without XLA buffer types. kosmos_ag_tn and
+// kosmos_tn_rs (ag_tn_cuda.cu, tn_rs_cuda.cu) call them once they have found
+// this device's group; so does the loopback test hook (loopback.cu), which runs
+// every rank of a group as a concurrent launch on one GPU. One body for both is
+// the point: the hook tests the launch path XLA takes, not a copy of it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "launch.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace kosmos {
+
+// One rank's call of kosmos_ag_tn: y [rows/m_local, tp*m_local, n] =
+// allgather_rows(x [rows, k]) @ w [k, n]; the knobs as the FFI attributes.
+struct AgArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  size_t y_bytes;
+  xla::ffi::DataType dtype;
+  int64_t rows, m_local, K, N;
+  int64_t tp, cu_cap, movers, switching, push;
+};
+
+// One rank's call of kosmos_tn_rs: y [rows, n] = chunk `rank` of
+// reduce_scatter_rows(x [tp*rows, k] @ w [k, n]).
+struct RsArgs {
+  const void* x;
+  const void* w;
+  void* y;
+  size_t y_bytes;
+  xla::ffi::DataType dtype;
+  int64_t rows, K, N;
+  int64_t tp, cu_cap, reducers, stage_bf16, switching, band_rows, push;
+};
+
+// Validates, plans and launches on `stream`; `g` and `ctrl_slot` as find_group_slot
+// returns them. Errors name the op and the values.
+xla::ffi::Error ag_tn_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const AgArgs& a);
+xla::ffi::Error tn_rs_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const RsArgs& a);
+
+}  // namespace kosmos

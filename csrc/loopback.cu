@@ -1,0 +1,174 @@
+// Loopback test hook (loopback.h): every rank of a group on one GPU. Each rank
+// gets its own zeroed heap, inputs, output and non-blocking stream; its calls
+// go through ag_tn_run / tn_rs_run (fused_run.h), the path XLA's calls take.
+// Ranks synchronise only through the kernels' own flags, as separate GPUs do:
+// the host enqueues call i on every stream without waiting for call i - 1.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "fused_run.h"
+#include "loopback.h"
+#include "runtime.h"
+
+namespace kosmos {
+namespace {
+
+// Adds to *out the number of 16-bit words where a and b differ (bitwise, so a
+// NaN left by the poison never equals a finite first output).
+__global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
+  unsigned long long diff = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    diff += a[i] != b[i];
+  if (diff) atomicAdd(out, diff);
+}
+
+struct Rank {
+  cudaStream_t stream = nullptr;
+  char* heap = nullptr;
+  void* y = nullptr;                 // [tp*rows, N] (ag_tn) or [rows, N] (tn_rs)
+  std::vector<void*> x, w, first;    // per input set
+};
+
+size_t x_bytes(const LoopbackSpec& s) { return (size_t)(s.op == "ag_tn" ? 1 : s.tp) * s.rows * s.K * 2; }
+size_t y_bytes(const LoopbackSpec& s) { return (size_t)(s.op == "ag_tn" ? s.tp : 1) * s.rows * s.N * 2; }
+
+std::string check(const LoopbackSpec& s, int sm_count, const std::vector<std::vector<std::string>>& x,
+                  const std::vector<std::vector<std::string>>& w) {
+  if (s.op != "ag_tn" && s.op != "tn_rs") return "loopback: op must be 'ag_tn' or 'tn_rs', not '" + s.op + "'";
+  if (s.tp < 1 || s.tp > kMaxRanks) return "loopback: tp=" + std::to_string(s.tp) + " outside 1.." + std::to_string(kMaxRanks);
+  if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
+    return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
+           std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
+  if (s.push.empty() || s.calls < 1) return "loopback: need calls >= 1 and at least one transport";
+  if (x.empty() || x.size() != w.size()) return "loopback: need as many x sets as w sets, at least one";
+  for (size_t k = 0; k < x.size(); ++k) {
+    if ((int)x[k].size() != s.tp || (int)w[k].size() != s.tp)
+      return "loopback: input set " + std::to_string(k) + " must hold tp=" + std::to_string(s.tp) + " x and w";
+    for (int r = 0; r < s.tp; ++r)
+      if (x[k][r].size() != x_bytes(s) || w[k][r].size() != (size_t)s.K * s.N * 2)
+        return "loopback: set " + std::to_string(k) + " rank " + std::to_string(r) + ": x has " +
+               std::to_string(x[k][r].size()) + " bytes (want " + std::to_string(x_bytes(s)) + "), w " +
+               std::to_string(w[k][r].size()) + " (want " + std::to_string(s.K * s.N * 2) + ")";
+  }
+  return "";
+}
+
+std::string cuda_check(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? "" : std::string("loopback: ") + what + ": " + cudaGetErrorString(e);
+}
+
+std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const std::vector<std::vector<std::string>>& x,
+                       const std::vector<std::vector<std::string>>& w, int r) {
+  std::string err = cuda_check(cudaStreamCreateWithFlags(&rk.stream, cudaStreamNonBlocking), "stream");
+  auto dev = [&](void** p, size_t n, const char* what) {
+    if (err.empty()) err = cuda_check(cudaMalloc(p, n), what);
+  };
+  dev(reinterpret_cast<void**>(&rk.heap), s.heap_bytes, "heap");
+  if (err.empty()) err = cuda_check(cudaMemset(rk.heap, 0, s.heap_bytes), "zeroing the heap");
+  dev(&rk.y, y_bytes(s), "y");
+  for (size_t k = 0; err.empty() && k < x.size(); ++k) {
+    rk.x.push_back(nullptr); rk.w.push_back(nullptr); rk.first.push_back(nullptr);
+    dev(&rk.x[k], x_bytes(s), "x");
+    dev(&rk.w[k], w[k][r].size(), "w");
+    dev(&rk.first[k], y_bytes(s), "first output");
+    if (err.empty()) err = cuda_check(cudaMemcpy(rk.x[k], x[k][r].data(), x_bytes(s), cudaMemcpyHostToDevice), "x");
+    if (err.empty()) err = cuda_check(cudaMemcpy(rk.w[k], w[k][r].data(), w[k][r].size(), cudaMemcpyHostToDevice), "w");
+  }
+  return err;
+}
+
+void free_rank(Rank& rk) {
+  if (rk.stream) cudaStreamSynchronize(rk.stream);
+  for (void* p : rk.x) cudaFree(p);
+  for (void* p : rk.w) cudaFree(p);
+  for (void* p : rk.first) cudaFree(p);
+  cudaFree(rk.y);
+  cudaFree(rk.heap);
+  if (rk.stream) cudaStreamDestroy(rk.stream);
+}
+
+// Call `call` of rank r with input set k: poison y, launch, then keep (first
+// call of the set) or compare the output, all on the rank's stream.
+std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count, int r, int call,
+                    unsigned long long* diff) {
+  Rank& rk = ranks[r];
+  const size_t k = call % rk.x.size();
+  GroupInfo g;
+  g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
+  for (int q = 0; q < s.tp; ++q) g.heaps[q] = ranks[q].heap;
+  const int64_t push = s.push[call % s.push.size()];
+  std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, y_bytes(s), rk.stream), "poisoning y");
+  if (!err.empty()) return err;
+  const auto bf16 = xla::ffi::DataType::BF16;
+  const xla::ffi::Error e =
+      s.op == "ag_tn"
+          ? ag_tn_run(rk.stream, ordinal, g, 0,
+                      AgArgs{rk.x[k], rk.w[k], rk.y, y_bytes(s), bf16, s.rows, s.rows, s.K, s.N, s.tp, s.cu_cap,
+                             s.knob, s.switching, push})
+          : tn_rs_run(rk.stream, ordinal, g, 0,
+                      RsArgs{rk.x[k], rk.w[k], rk.y, y_bytes(s), bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
+                             s.stage_bf16, s.switching, s.band_rows, push});
+  if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(call) + ": " + e.message();
+  if ((size_t)call < rk.x.size())
+    return cuda_check(cudaMemcpyAsync(rk.first[k], rk.y, y_bytes(s), cudaMemcpyDeviceToDevice, rk.stream), "keep");
+  count_diff_u16<<<64, 256, 0, rk.stream>>>(static_cast<const uint16_t*>(rk.y),
+                                            static_cast<const uint16_t*>(rk.first[k]), y_bytes(s) / 2, diff + call);
+  return cuda_check(cudaGetLastError(), "compare");
+}
+
+std::string run_calls(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count,
+                      unsigned long long* diff, LoopbackResult* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string err;
+  for (int i = 0; err.empty() && i < s.calls; ++i)
+    for (int r = 0; err.empty() && r < s.tp; ++r) err = enqueue(s, ranks, ordinal, sm_count, r, i, diff);
+  // Whatever failed to enqueue, the launched calls still run to the end (or trap
+  // on a timed-out wait): wait for them before reading or freeing anything.
+  for (Rank& rk : ranks) {
+    const std::string e = cuda_check(cudaStreamSynchronize(rk.stream), "a call failed on the device");
+    if (err.empty()) err = e;
+  }
+  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!err.empty()) return err;
+  out->mismatches.assign(s.calls, 0);
+  err = cuda_check(cudaMemcpy(out->mismatches.data(), diff, s.calls * sizeof(unsigned long long),
+                              cudaMemcpyDeviceToHost), "mismatch counts");
+  out->first.assign(ranks[0].x.size(), std::vector<std::string>(s.tp));
+  for (size_t k = 0; err.empty() && k < out->first.size(); ++k)
+    for (int r = 0; err.empty() && r < s.tp; ++r) {
+      out->first[k][r].resize(y_bytes(s));
+      err = cuda_check(cudaMemcpy(out->first[k][r].data(), ranks[r].first[k], y_bytes(s), cudaMemcpyDeviceToHost),
+                       "first outputs");
+    }
+  return err;
+}
+
+}  // namespace
+
+std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
+                         const std::vector<std::vector<std::string>>& w, LoopbackResult* out) {
+  DeviceEntry me;
+  if (!Runtime::get().local(ordinal, &me))
+    return "loopback: no runtime on device ordinal " + std::to_string(ordinal) +
+           " (run kosmos_jax.runtime.init() first: it prepares the kernels)";
+  std::string err = check(spec, me.sm_count, x, w);
+  if (!err.empty()) return err;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(ordinal);
+  std::vector<Rank> ranks(spec.tp);
+  for (int r = 0; err.empty() && r < spec.tp; ++r) err = alloc_rank(ranks[r], spec, x, w, r);
+  unsigned long long* diff = nullptr;
+  if (err.empty()) err = cuda_check(cudaMalloc(&diff, spec.calls * sizeof(unsigned long long)), "counts");
+  if (err.empty()) err = cuda_check(cudaMemset(diff, 0, spec.calls * sizeof(unsigned long long)), "counts");
+  if (err.empty()) err = run_calls(spec, ranks, ordinal, me.sm_count, diff, out);
+  for (Rank& rk : ranks) free_rank(rk);
+  cudaFree(diff);
+  cudaSetDevice(prev);
+  return err;
+}
+
+}  // namespace kosmos

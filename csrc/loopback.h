@@ -1,0 +1,47 @@
+// Test hook: one fused call's `tp` ranks run as `tp` concurrent launches on one
+// GPU (loopback.cu). Plain C++ (module.cc includes it without nvcc).
+//
+// Why: the device protocol (flags, epochs, the ready and HeapUse handshakes,
+// push writes into a peer's heap, TMA over the gather region) is the same code
+// whether a peer heap is across NVLink or across the same GPU's memory; a GPU
+// whose peers are withheld can still run every rank's kernel, concurrently, as
+// a group does. What loopback cannot show is NVLink's speed or its ordering of
+// remote writes; its timings are not transport numbers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kosmos {
+
+struct LoopbackSpec {
+  std::string op;          // "ag_tn" or "tn_rs"
+  int tp = 2;              // ranks, each its own heap, stream and launch
+  int64_t rows = 0;        // ag_tn: local rows per rank (x [rows, k]); tn_rs: rows per chunk
+  int64_t K = 0, N = 0;
+  int64_t cu_cap = 0;      // CTAs per rank; cu_cap * tp <= SMs, so every rank's CTAs co-reside
+  int64_t knob = -1;       // movers (ag_tn) or reducers (tn_rs); -1: the default policy
+  int64_t switching = 1;
+  int64_t stage_bf16 = 0, band_rows = 1;  // tn_rs only
+  std::vector<int> push;   // call i runs transport push[i % size] (1: push, 0: pull)
+  int calls = 1;
+  size_t heap_bytes = 0;   // per rank
+};
+
+struct LoopbackResult {
+  // first[s][r]: rank r's output bytes (bf16) of the first call with input set s.
+  std::vector<std::vector<std::string>> first;
+  // mismatches[i]: 16-bit words of call i's outputs (every rank) that differ
+  // from its set's first call; 0 for the first calls themselves.
+  std::vector<unsigned long long> mismatches;
+  double seconds = 0;  // wall time of all calls, host side, one sync at the end
+};
+
+// x[s][r], w[s][r]: input set s of rank r, bf16 bytes (ag_tn: x [rows, K];
+// tn_rs: x [tp*rows, K]; w [K, N]); call i uses set i % sets. Needs the runtime
+// initialised on `ordinal` (kernels prepared). Returns "" or an error.
+std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
+                         const std::vector<std::vector<std::string>>& w, LoopbackResult* out);
+
+}  // namespace kosmos

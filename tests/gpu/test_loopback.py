@@ -1,0 +1,89 @@
+"""Both fused TP+SP kernels with every rank on one GPU (tests/gpu/loopback.py):
+the device protocol at tp = 2, 4 and 8 for both transports without peer GPUs.
+Each case checks every set's first outputs against the float64 oracle, that
+every later call (different inputs than the call before it, poisoned output)
+reproduced its set's bits, and that the Hopper builders ran every launch."""
+import jax
+import pytest
+
+from kosmos_jax.ops._fused_tp import builder_runs
+from helpers import assert_close
+import loopback
+
+BF16 = loopback.BF16
+
+
+def _sm_count():
+  return jax.devices("gpu")[0].core_count
+
+
+def _check(op, tp, rows, k, n, *, cap=None, calls=6, **kw):
+  cap = cap or _sm_count() // tp
+  before = builder_runs()[op]["sm90"]
+  lb = loopback.run(op, tp, rows, k, n, cu_cap=cap, calls=calls, **kw)
+  ran = builder_runs()[op]["sm90"] - before
+  assert ran == tp * calls, f"Hopper builders ran {ran} of {tp * calls} launches {kw}"
+  for s, (outs, refs) in enumerate(zip(lb.outputs, lb.oracles)):
+    for r, (y, ref) in enumerate(zip(outs, refs)):
+      assert_close(y, ref, BF16, what=f"{op} tp={tp} set {s} rank {r} {kw}")
+  bad = {i: m for i, m in enumerate(lb.mismatches) if m}
+  assert not bad, f"{op} tp={tp} {kw}: calls whose bits moved (call: words): {bad}"
+  return lb
+
+
+AG_SHAPES = [(512, 1024, 768), (200, 272, 520), (1024, 2048, 2048)]  # (rows per rank, k, n)
+RS_SHAPES = [(512, 1024, 768), (256, 272, 520), (1024, 2048, 2048)]  # (rows per chunk, k, n); rows % 128 == 0
+
+
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("shape", AG_SHAPES, ids=str)
+def test_ag_tn_tp2(shape, push):
+  _check("ag_tn", 2, *shape, push=(push,))
+
+
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("shape", RS_SHAPES, ids=str)
+def test_tn_rs_tp2(shape, push):
+  _check("tn_rs", 2, *shape, push=(push,))
+
+
+@pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
+def test_alternating_transports_same_bits(op):
+  # 3 sets x 2 transports: every set's later calls run the other transport too,
+  # so a zero mismatch count is push == pull, bit for bit.
+  _check(op, 2, 512, 512, 1024, calls=60, sets=3, push=(1, 0))
+
+
+@pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+def test_grid_of_one_cta_per_rank(op, push):
+  _check(op, 2, 256, 256, 512, cap=1, calls=40, push=(push,))
+
+
+@pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+def test_back_to_back_200_at_a_cap(op, push):
+  _check(op, 2, 512, 512, 1024, cap=20, calls=200, sets=3, push=(push,))
+
+
+@pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+def test_fixed_split(op, push):
+  _check(op, 2, 512, 1024, 1024, calls=8, push=(push,), switching=False, knob=4)
+
+
+@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("stage", [(False, 1), (True, 1), (False, 8)], ids=["fp32", "bf16", "bands8"])
+def test_tn_rs_staging_options(stage, push):
+  _check("tn_rs", 2, 1024, 1024, 2048, push=(push,), stage_bf16=stage[0], band_rows=stage[1])
+
+
+@pytest.mark.parametrize("tp", [4, 8])
+@pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
+def test_more_ranks_both_transports(op, tp):
+  _check(op, tp, 256, 512, 1024, calls=24, sets=3, push=(1, 0))
+
+
+def test_refuses_ranks_that_cannot_co_reside():
+  with pytest.raises(RuntimeError, match=r"cu_cap=100 x tp=2 must be in 1\.\.\d+ SMs"):
+    loopback.run("ag_tn", 2, 128, 128, 256, cu_cap=100, calls=1)
