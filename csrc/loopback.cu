@@ -159,6 +159,11 @@ std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vecto
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(ordinal);
+  // Load the compare kernel now: a lazy module load at its first launch would
+  // wait for the device while rank 0's kernel spins on a rank whose launch the
+  // same host thread has not issued yet.
+  cudaFuncAttributes attr;
+  err = cuda_check(cudaFuncGetAttributes(&attr, count_diff_u16), "loading the compare kernel");
   std::vector<Rank> ranks(spec.tp);
   for (int r = 0; err.empty() && r < spec.tp; ++r) err = alloc_rank(ranks[r], spec, x, w, r);
   unsigned long long* diff = nullptr;
