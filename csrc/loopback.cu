@@ -5,6 +5,7 @@
 // the host enqueues call i on every stream without waiting for call i - 1.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -28,22 +29,40 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, size_t n, u
 struct Rank {
   cudaStream_t stream = nullptr;
   char* heap = nullptr;
-  void* y = nullptr;                 // [tp*rows, N] (ag_tn) or [rows, N] (tn_rs)
-  std::vector<void*> x, w, first;    // per input set
+  void* y = nullptr;             // the largest output of the ops
+  std::vector<void*> x, w;       // per input set
+  std::vector<void*> first;      // per (set, op): the first call's output
 };
 
-size_t x_bytes(const LoopbackSpec& s) { return (size_t)(s.op == "ag_tn" ? 1 : s.tp) * s.rows * s.K * 2; }
-size_t y_bytes(const LoopbackSpec& s) { return (size_t)(s.op == "ag_tn" ? s.tp : 1) * s.rows * s.N * 2; }
+bool has_rs(const LoopbackSpec& s) {
+  for (const auto& op : s.ops) if (op == "tn_rs") return true;
+  return false;
+}
+size_t x_bytes(const LoopbackSpec& s) { return (size_t)(has_rs(s) ? s.tp : 1) * s.rows * s.K * 2; }
+size_t y_bytes(const LoopbackSpec& s, const std::string& op) {
+  return (size_t)(op == "ag_tn" ? s.tp : 1) * s.rows * s.N * 2;
+}
+size_t y_max(const LoopbackSpec& s) {
+  size_t b = 0;
+  for (const auto& op : s.ops) b = std::max(b, y_bytes(s, op));
+  return b;
+}
+size_t keys(const LoopbackSpec& s, size_t sets) { return sets * s.ops.size(); }
 
 std::string check(const LoopbackSpec& s, int sm_count, const std::vector<std::vector<std::string>>& x,
                   const std::vector<std::vector<std::string>>& w) {
-  if (s.op != "ag_tn" && s.op != "tn_rs") return "loopback: op must be 'ag_tn' or 'tn_rs', not '" + s.op + "'";
+  if (s.ops.empty()) return "loopback: need at least one op";
+  for (const auto& op : s.ops)
+    if (op != "ag_tn" && op != "tn_rs") return "loopback: ops must be 'ag_tn' or 'tn_rs', not '" + op + "'";
   if (s.tp < 1 || s.tp > kMaxRanks) return "loopback: tp=" + std::to_string(s.tp) + " outside 1.." + std::to_string(kMaxRanks);
   if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
     return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
            std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
   if (s.push.empty() || s.calls < 1) return "loopback: need calls >= 1 and at least one transport";
   if (x.empty() || x.size() != w.size()) return "loopback: need as many x sets as w sets, at least one";
+  if ((size_t)s.calls < keys(s, x.size()))
+    return "loopback: calls=" + std::to_string(s.calls) + " must cover every (set, op) pair: " +
+           std::to_string(keys(s, x.size()));
   for (size_t k = 0; k < x.size(); ++k) {
     if ((int)x[k].size() != s.tp || (int)w[k].size() != s.tp)
       return "loopback: input set " + std::to_string(k) + " must hold tp=" + std::to_string(s.tp) + " x and w";
@@ -68,14 +87,17 @@ std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const std::vector<std::v
   };
   dev(reinterpret_cast<void**>(&rk.heap), s.heap_bytes, "heap");
   if (err.empty()) err = cuda_check(cudaMemset(rk.heap, 0, s.heap_bytes), "zeroing the heap");
-  dev(&rk.y, y_bytes(s), "y");
+  dev(&rk.y, y_max(s), "y");
   for (size_t k = 0; err.empty() && k < x.size(); ++k) {
-    rk.x.push_back(nullptr); rk.w.push_back(nullptr); rk.first.push_back(nullptr);
+    rk.x.push_back(nullptr); rk.w.push_back(nullptr);
     dev(&rk.x[k], x_bytes(s), "x");
     dev(&rk.w[k], w[k][r].size(), "w");
-    dev(&rk.first[k], y_bytes(s), "first output");
     if (err.empty()) err = cuda_check(cudaMemcpy(rk.x[k], x[k][r].data(), x_bytes(s), cudaMemcpyHostToDevice), "x");
     if (err.empty()) err = cuda_check(cudaMemcpy(rk.w[k], w[k][r].data(), w[k][r].size(), cudaMemcpyHostToDevice), "w");
+  }
+  for (size_t c = 0; err.empty() && c < keys(s, x.size()); ++c) {
+    rk.first.push_back(nullptr);
+    dev(&rk.first[c], y_bytes(s, s.ops[c % s.ops.size()]), "first output");
   }
   return err;
 }
@@ -90,32 +112,33 @@ void free_rank(Rank& rk) {
   if (rk.stream) cudaStreamDestroy(rk.stream);
 }
 
-// Call `call` of rank r with input set k: poison y, launch, then keep (first
-// call of the set) or compare the output, all on the rank's stream.
-std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count, int r, int call,
+// Call i of rank r: poison y, launch, then keep (the first call of its set and
+// op) or compare the output, all on the rank's stream.
+std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count, int r, int i,
                     unsigned long long* diff) {
   Rank& rk = ranks[r];
-  const size_t k = call % rk.x.size();
+  const std::string& op = s.ops[i % s.ops.size()];
+  const size_t k = (i / s.ops.size()) % rk.x.size(), c = i % rk.first.size(), yb = y_bytes(s, op);
   GroupInfo g;
   g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
   for (int q = 0; q < s.tp; ++q) g.heaps[q] = ranks[q].heap;
-  const int64_t push = s.push[call % s.push.size()];
-  std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, y_bytes(s), rk.stream), "poisoning y");
+  const int64_t push = s.push[i % s.push.size()];
+  std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, yb, rk.stream), "poisoning y");
   if (!err.empty()) return err;
   const auto bf16 = xla::ffi::DataType::BF16;
   const xla::ffi::Error e =
-      s.op == "ag_tn"
+      op == "ag_tn"
           ? ag_tn_run(rk.stream, ordinal, g, 0,
-                      AgArgs{rk.x[k], rk.w[k], rk.y, y_bytes(s), bf16, s.rows, s.rows, s.K, s.N, s.tp, s.cu_cap,
-                             s.knob, s.switching, push})
+                      AgArgs{rk.x[k], rk.w[k], rk.y, yb, bf16, s.rows, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
+                             s.switching, push})
           : tn_rs_run(rk.stream, ordinal, g, 0,
-                      RsArgs{rk.x[k], rk.w[k], rk.y, y_bytes(s), bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
+                      RsArgs{rk.x[k], rk.w[k], rk.y, yb, bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
                              s.stage_bf16, s.switching, s.band_rows, push});
-  if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(call) + ": " + e.message();
-  if ((size_t)call < rk.x.size())
-    return cuda_check(cudaMemcpyAsync(rk.first[k], rk.y, y_bytes(s), cudaMemcpyDeviceToDevice, rk.stream), "keep");
+  if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(i) + ": " + e.message();
+  if ((size_t)i < rk.first.size())
+    return cuda_check(cudaMemcpyAsync(rk.first[c], rk.y, yb, cudaMemcpyDeviceToDevice, rk.stream), "keep");
   count_diff_u16<<<64, 256, 0, rk.stream>>>(static_cast<const uint16_t*>(rk.y),
-                                            static_cast<const uint16_t*>(rk.first[k]), y_bytes(s) / 2, diff + call);
+                                            static_cast<const uint16_t*>(rk.first[c]), yb / 2, diff + i);
   return cuda_check(cudaGetLastError(), "compare");
 }
 
@@ -136,11 +159,12 @@ std::string run_calls(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordin
   out->mismatches.assign(s.calls, 0);
   err = cuda_check(cudaMemcpy(out->mismatches.data(), diff, s.calls * sizeof(unsigned long long),
                               cudaMemcpyDeviceToHost), "mismatch counts");
-  out->first.assign(ranks[0].x.size(), std::vector<std::string>(s.tp));
-  for (size_t k = 0; err.empty() && k < out->first.size(); ++k)
+  out->first.assign(ranks[0].first.size(), std::vector<std::string>(s.tp));
+  for (size_t c = 0; err.empty() && c < out->first.size(); ++c)
     for (int r = 0; err.empty() && r < s.tp; ++r) {
-      out->first[k][r].resize(y_bytes(s));
-      err = cuda_check(cudaMemcpy(out->first[k][r].data(), ranks[r].first[k], y_bytes(s), cudaMemcpyDeviceToHost),
+      const size_t yb = y_bytes(s, s.ops[c % s.ops.size()]);
+      out->first[c][r].resize(yb);
+      err = cuda_check(cudaMemcpy(out->first[c][r].data(), ranks[r].first[c], yb, cudaMemcpyDeviceToHost),
                        "first outputs");
     }
   return err;

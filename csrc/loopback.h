@@ -16,7 +16,10 @@
 namespace kosmos {
 
 struct LoopbackSpec {
-  std::string op;          // "ag_tn" or "tn_rs"
+  // Call i runs ops[i % size] ("ag_tn" or "tn_rs") with input set (i / size) %
+  // sets: both ops in one run share every rank's heap, as a training step's
+  // column- and row-parallel layers do.
+  std::vector<std::string> ops;
   int tp = 2;              // ranks, each its own heap, stream and launch
   int64_t rows = 0;        // ag_tn: local rows per rank (x [rows, k]); tn_rs: rows per chunk
   int64_t K = 0, N = 0;
@@ -30,16 +33,18 @@ struct LoopbackSpec {
 };
 
 struct LoopbackResult {
-  // first[s][r]: rank r's output bytes (bf16) of the first call with input set s.
+  // first[c][r]: rank r's output bytes (bf16) of call c, for the first
+  // sets * ops calls (one per (set, op) pair; the later calls repeat them).
   std::vector<std::vector<std::string>> first;
   // mismatches[i]: 16-bit words of call i's outputs (every rank) that differ
-  // from its set's first call; 0 for the first calls themselves.
+  // from call i % (sets * ops), the first with its set and op; 0 for those.
   std::vector<unsigned long long> mismatches;
   double seconds = 0;  // wall time of all calls, host side, one sync at the end
 };
 
-// x[s][r], w[s][r]: input set s of rank r, bf16 bytes (ag_tn: x [rows, K];
-// tn_rs: x [tp*rows, K]; w [K, N]); call i uses set i % sets. Needs the runtime
+// x[s][r], w[s][r]: input set s of rank r, bf16 bytes: x [tp*rows, K] when an
+// op is tn_rs (ag_tn reads its first `rows` rows), else [rows, K]; w [K, N].
+// Needs the runtime
 // initialised on `ordinal` (kernels prepared). Returns "" or an error.
 std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
                          const std::vector<std::vector<std::string>>& w, LoopbackResult* out);

@@ -114,7 +114,7 @@ static std::tuple<nb::bytes, nb::bytes, uint32_t> TraceRead(int ordinal) {
 }
 
 // Test hook (loopback.h): a fused call's ranks as concurrent launches on one
-// GPU. x, w: [set][rank] bf16 bytes. Returns (first [set][rank] output bytes,
+// GPU. x, w: [set][rank] bf16 bytes. Returns (first [call][rank] output bytes,
 // mismatches per call, seconds); raises on any error.
 static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
   std::vector<std::vector<std::string>> out;
@@ -128,12 +128,12 @@ static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
   return out;
 }
 
-static nb::tuple LoopbackRun(int ordinal, const std::string& op, int tp, int64_t rows, int64_t k, int64_t n,
+static nb::tuple LoopbackRun(int ordinal, const std::vector<std::string>& ops, int tp, int64_t rows, int64_t k, int64_t n,
                              int64_t cu_cap, int64_t knob, int64_t switching, int64_t stage_bf16,
                              int64_t band_rows, const std::vector<int>& push, int calls, size_t heap_bytes,
                              const nb::list& x, const nb::list& w) {
   kosmos::LoopbackSpec spec;
-  spec.op = op; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
+  spec.ops = ops; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
   spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.push = push;
   spec.calls = calls; spec.heap_bytes = heap_bytes;
   kosmos::LoopbackResult res;

@@ -4,12 +4,13 @@ output, through the handlers' own launch path. Checks the device protocol
 (flags, epochs, ready/HeapUse handshakes, push writes) where peers are not lent;
 its timings are not NVLink numbers.
 
-run() builds `sets` input sets of fresh random bf16 data, runs `calls` calls
-cycling through them (call i: set i % sets, transport push[i % len(push)]) with
-NaN-poisoned outputs, and returns every set's first outputs, the float64 oracle
-of each, and how many 16-bit words of every later call differed from its set's
-first call (bitwise reproducibility and no stale data: consecutive calls use
-different inputs)."""
+run() builds `sets` input sets of fresh random bf16 data and runs `calls`
+calls with NaN-poisoned outputs: call i runs ops[i % len(ops)] on set
+(i // len(ops)) % sets with transport push[i % len(push)], so consecutive calls
+never see the same inputs, and a mixed ops list shares each rank's heap between
+the two kernels. It returns the first output of every (set, op) pair, the
+float64 oracle of each, and how many 16-bit words of every later call differed
+from the first call of its pair (bitwise reproducibility and no stale data)."""
 import dataclasses
 
 import jax.numpy as jnp
@@ -22,8 +23,8 @@ BF16 = jnp.bfloat16
 
 @dataclasses.dataclass
 class Loopback:
-  outputs: list     # [set][rank] np.ndarray bf16: the set's first call
-  oracles: list     # [set][rank] np.ndarray float64
+  outputs: dict     # (set, op) -> [rank] np.ndarray bf16: the pair's first call
+  oracles: dict     # (set, op) -> [rank] np.ndarray float64
   mismatches: list  # per call: differing 16-bit words against its set's first call
   seconds: float
 
@@ -37,25 +38,30 @@ def _module():
 
 def _oracle(op, xs, ws, rank, tp, rows):
   f64 = lambda a: np.asarray(a, np.float32).astype(np.float64)
-  if op == "ag_tn":  # y_r = [x_0; ...; x_{tp-1}] @ w_r
-    return np.concatenate([f64(x) for x in xs]) @ f64(ws[rank])
+  if op == "ag_tn":  # y_r = [x_0; ...; x_{tp-1}] @ w_r, x_q the first `rows` rows of rank q's x
+    return np.concatenate([f64(x[:rows]) for x in xs]) @ f64(ws[rank])
   # y_r = sum_q (x_q @ w_q)[rows of chunk r]
   return sum(f64(xs[q][rank * rows:(rank + 1) * rows]) @ f64(ws[q]) for q in range(tp))
 
 
-def run(op, tp, rows, k, n, *, cu_cap, calls, sets=2, push=(0,), knob=-1, switching=True, stage_bf16=False,
+def run(ops, tp, rows, k, n, *, cu_cap, calls, sets=2, push=(0,), knob=-1, switching=True, stage_bf16=False,
         band_rows=1, heap_mb=256, seed=0, ordinal=0) -> Loopback:
+  """ops: "ag_tn", "tn_rs" or a list of them run in turn."""
+  ops = [ops] if isinstance(ops, str) else list(ops)
   runtime.init()  # prepares the kernels on every local device
   rng = np.random.default_rng(seed)
-  x_rows = rows if op == "ag_tn" else tp * rows
+  x_rows = tp * rows if "tn_rs" in ops else rows
   xs = [[rng.standard_normal((x_rows, k), np.float32).astype(BF16) for _ in range(tp)] for _ in range(sets)]
   ws = [[(rng.standard_normal((k, n), np.float32) / np.sqrt(k)).astype(BF16) for _ in range(tp)]
         for _ in range(sets)]
   first, mism, secs = _module().loopback_run(
-      ordinal, op, tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
+      ordinal, ops, tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
       [int(p) for p in push], calls, heap_mb << 20, [[a.tobytes() for a in s] for s in xs],
       [[a.tobytes() for a in s] for s in ws])
-  y_rows = tp * rows if op == "ag_tn" else rows
-  outputs = [[np.frombuffer(b, BF16).reshape(y_rows, n) for b in s] for s in first]
-  oracles = [[_oracle(op, xs[s], ws[s], r, tp, rows) for r in range(tp)] for s in range(sets)]
+  outputs, oracles = {}, {}
+  for c, ys in enumerate(first):  # call c < sets * len(ops) is the first of its (set, op) pair
+    op, s = ops[c % len(ops)], c // len(ops)
+    y_rows = tp * rows if op == "ag_tn" else rows
+    outputs[s, op] = [np.frombuffer(b, BF16).reshape(y_rows, n) for b in ys]
+    oracles[s, op] = [_oracle(op, xs[s], ws[s], r, tp, rows) for r in range(tp)]
   return Loopback(outputs, oracles, list(mism), secs)

@@ -17,15 +17,21 @@ def _sm_count():
   return jax.devices("gpu")[0].core_count
 
 
+def _sm90_runs():
+  runs = builder_runs()
+  return runs["ag_tn"]["sm90"] + runs["tn_rs"]["sm90"]
+
+
 def _check(op, tp, rows, k, n, *, cap=None, calls=6, **kw):
   cap = cap or _sm_count() // tp
-  before = builder_runs()[op]["sm90"]
+  before = _sm90_runs()
   lb = loopback.run(op, tp, rows, k, n, cu_cap=cap, calls=calls, **kw)
-  ran = builder_runs()[op]["sm90"] - before
+  ran = _sm90_runs() - before
   assert ran == tp * calls, f"Hopper builders ran {ran} of {tp * calls} launches {kw}"
-  for s, (outs, refs) in enumerate(zip(lb.outputs, lb.oracles)):
-    for r, (y, ref) in enumerate(zip(outs, refs)):
-      assert_close(y, ref, BF16, what=f"{op} tp={tp} set {s} rank {r} {kw}")
+  assert len(lb.outputs) == kw.get("sets", 2) * (1 if isinstance(op, str) else len(op))
+  for (s, o), outs in lb.outputs.items():
+    for r, (y, ref) in enumerate(zip(outs, lb.oracles[s, o])):
+      assert_close(y, ref, BF16, what=f"{o} tp={tp} set {s} rank {r} {kw}")
   bad = {i: m for i, m in enumerate(lb.mismatches) if m}
   assert not bad, f"{op} tp={tp} {kw}: calls whose bits moved (call: words): {bad}"
   return lb
@@ -82,6 +88,14 @@ def test_tn_rs_staging_options(stage, push):
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
 def test_more_ranks_both_transports(op, tp):
   _check(op, tp, 256, 512, 1024, calls=24, sets=3, push=(1, 0))
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_both_kernels_share_the_heap(tp):
+  # AG and RS calls in turn on the same heaps (HeapUse hands the data region from
+  # one kernel's readers to the other's writers), transports changing every two
+  # calls: 4 x 3 = 12 (set, op, transport) phases, each seen 6 times.
+  _check(["ag_tn", "tn_rs"], tp, 256, 512, 1024, calls=72, sets=3, push=(1, 1, 0, 0))
 
 
 def test_refuses_ranks_that_cannot_co_reside():
