@@ -30,6 +30,9 @@ struct LoopbackSpec {
   std::vector<int> push;   // call i runs transport push[i % size] (1: push, 0: pull)
   int calls = 1;
   size_t heap_bytes = 0;   // per rank
+  // 0 (timing, benchmarks/loopback.py): no poison, no first outputs, no compares;
+  // only the launches and the wall time.
+  int check = 1;
 };
 
 struct LoopbackResult {

@@ -131,11 +131,11 @@ static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
 static nb::tuple LoopbackRun(int ordinal, const std::vector<std::string>& ops, int tp, int64_t rows, int64_t k, int64_t n,
                              int64_t cu_cap, int64_t knob, int64_t switching, int64_t stage_bf16,
                              int64_t band_rows, const std::vector<int>& push, int calls, size_t heap_bytes,
-                             const nb::list& x, const nb::list& w) {
+                             const nb::list& x, const nb::list& w, int check) {
   kosmos::LoopbackSpec spec;
   spec.ops = ops; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
   spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.push = push;
-  spec.calls = calls; spec.heap_bytes = heap_bytes;
+  spec.calls = calls; spec.heap_bytes = heap_bytes; spec.check = check;
   kosmos::LoopbackResult res;
   const auto xs = BytesGrid(x), ws = BytesGrid(w);
   std::string err;

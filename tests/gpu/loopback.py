@@ -1,8 +1,5 @@
-"""Loopback runs (csrc/loopback.h): one fused call's `tp` ranks as `tp`
-concurrent launches on one GPU, each rank with its own heap, stream, inputs and
-output, through the handlers' own launch path. Checks the device protocol
-(flags, epochs, ready/HeapUse handshakes, push writes) where peers are not lent;
-its timings are not NVLink numbers.
+"""Test data and oracles for the loopback hook (kosmos_jax/_loopback.py: a fused
+call's ranks as concurrent launches on one GPU).
 
 run() builds `sets` input sets of fresh random bf16 data and runs `calls`
 calls with NaN-poisoned outputs: call i runs ops[i % len(ops)] on set
@@ -16,7 +13,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from kosmos_jax import _ext, runtime
+from kosmos_jax import _loopback
 
 BF16 = jnp.bfloat16
 
@@ -27,13 +24,6 @@ class Loopback:
   oracles: dict     # (set, op) -> [rank] np.ndarray float64
   mismatches: list  # per call: differing 16-bit words against its set's first call
   seconds: float
-
-
-def _module():
-  mod, why = _ext._module()
-  if mod is None or not hasattr(mod, "loopback_run"):
-    raise RuntimeError(f"loopback needs the CUDA extension: {why or 'built without CUDA'}")
-  return mod
 
 
 def _oracle(op, xs, ws, rank, tp, rows):
@@ -48,16 +38,14 @@ def run(ops, tp, rows, k, n, *, cu_cap, calls, sets=2, push=(0,), knob=-1, switc
         band_rows=1, heap_mb=256, seed=0, ordinal=0) -> Loopback:
   """ops: "ag_tn", "tn_rs" or a list of them run in turn."""
   ops = [ops] if isinstance(ops, str) else list(ops)
-  runtime.init()  # prepares the kernels on every local device
   rng = np.random.default_rng(seed)
   x_rows = tp * rows if "tn_rs" in ops else rows
   xs = [[rng.standard_normal((x_rows, k), np.float32).astype(BF16) for _ in range(tp)] for _ in range(sets)]
   ws = [[(rng.standard_normal((k, n), np.float32) / np.sqrt(k)).astype(BF16) for _ in range(tp)]
         for _ in range(sets)]
-  first, mism, secs = _module().loopback_run(
-      ordinal, ops, tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
-      [int(p) for p in push], calls, heap_mb << 20, [[a.tobytes() for a in s] for s in xs],
-      [[a.tobytes() for a in s] for s in ws])
+  first, mism, secs = _loopback.run(ops, tp, rows, k, n, xs, ws, cu_cap=cu_cap, calls=calls, push=push, knob=knob,
+                                    switching=switching, stage_bf16=stage_bf16, band_rows=band_rows,
+                                    heap_mb=heap_mb, ordinal=ordinal)
   outputs, oracles = {}, {}
   for c, ys in enumerate(first):  # call c < sets * len(ops) is the first of its (set, op) pair
     op, s = ops[c % len(ops)], c // len(ops)

@@ -1,0 +1,36 @@
+"""The loopback hook (csrc/loopback.h) for tests and benchmarks: one fused call's
+`tp` ranks as `tp` concurrent launches on one GPU, each rank with its own heap,
+stream, inputs and output, through the FFI handlers' own launch path. It checks
+the device protocol where peer GPUs are not at hand; its timings contain no
+NVLink (a "peer" heap is this GPU's memory). Not a user API."""
+from __future__ import annotations
+
+import numpy as np
+
+from kosmos_jax import _ext, runtime
+
+
+def _module():
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "loopback_run"):
+    raise RuntimeError(f"loopback needs the CUDA extension: {why or 'built without CUDA'}")
+  return mod
+
+
+def run(ops, tp, rows, k, n, xs, ws, *, cu_cap, calls, push=(0,), knob=-1, switching=True, stage_bf16=False,
+        band_rows=1, heap_mb=256, check=True, ordinal=0):
+  """Runs `calls` calls; call i runs ops[i % len(ops)] on input set
+  (i // len(ops)) % len(xs) with transport push[i % len(push)].
+
+  xs[s][r], ws[s][r]: bf16 numpy arrays of rank r in set s (x [tp*rows, k] when an
+  op is tn_rs, else [rows, k]; w [k, n]). Returns (first, mismatches, seconds):
+  first[c][r] the bytes of rank r's output of call c < len(xs) * len(ops) (the
+  first of its (set, op) pair), mismatches[i] the 16-bit words of call i that
+  differ from the first call of its pair; with check=False (timing) outputs are
+  neither poisoned nor kept and both lists are empty.
+  """
+  runtime.init()  # prepares the kernels on every local device
+  return _module().loopback_run(
+      ordinal, list(ops), tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
+      [int(p) for p in push], calls, heap_mb << 20, [[np.ascontiguousarray(a).tobytes() for a in s] for s in xs],
+      [[np.ascontiguousarray(a).tobytes() for a in s] for s in ws], int(check))
