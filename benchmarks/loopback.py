@@ -2,20 +2,26 @@
 
 kosmos_jax/_loopback.py runs a group's `tp` ranks as `tp` concurrent launches on one
 GPU, each with SMs/tp CTAs, its own heap and stream. A "peer" heap is then this GPU's
-own memory: the movers copy at HBM speed, not NVLink speed. So a loopback call costs
-the GEMM at SMs/tp CTAs, plus what the fused design adds on top of its GEMM (waits,
-role switching, flag traffic, the copies themselves at HBM speed, the staged partials
-and the reduction for RS), plus the ranks sharing HBM and L2. That isolates the
-non-transport overheads that issue 6's "fused within 1.15x of our GEMM alone" bar is
-about, on a machine without a second GPU; it says nothing about NVLink bandwidth.
+own memory: the movers copy at HBM speed, not NVLink speed. The tp ranks together do tp
+GEMMs on one GPU, so the yardstick is tp x our GEMM alone on all SMs; what a loopback
+call costs beyond that is what the fused design adds (waits, role switching, flag
+traffic, the copies at HBM speed, RS's staged partials and reduction), plus the
+ranks' concurrent kernels sharing the GPU less well than one GEMM uses it. That
+isolates the non-NVLink overheads behind issue 6's "fused within 1.15x of our GEMM
+alone" bar on a machine without a second GPU; it says nothing about NVLink.
 
 Arms, per paper shape (M total rows, N and K per rank as the paper gives them;
 DESIGN.md §7) at TP = --tp:
   gemm_full   ops.matmul TN impl="fused", one rank's GEMM [M, K] @ [K, N], all SMs
-  gemm_cap    the same at cu_cap = SMs // tp (the CTAs one loopback rank has)
-  pull, push  one loopback call of the fused kernel, every rank concurrently, per call
-Derived: pull/gemm_cap and push/gemm_cap (fused overhead at equal CTAs, ranks sharing
-the GPU), push/pull.
+  gemm_cap    the same at cu_cap = SMs // tp, alone on the GPU (the CTAs one loopback
+              rank has; faster per SM than a full GPU's share, as it has the whole
+              power budget, HBM and L2; for reference only)
+  --arms      loopback calls of the fused kernel, every rank concurrently, per call;
+              an arm is "pull" or "push" plus optional "+fp32" (RS partials staged
+              fp32), "+bandsN" (RS band rows), "+crewN" (initial movers / reducers);
+              what it leaves out is what the ops pick (kosmos_jax.config: ag_movers,
+              rs_reducers, rs_band_rows, bf16 staging)
+Derived: <arm>_vs_gemm = arm / (tp x gemm_full).
 
 Timing: gemm arms with harness.time_fn (warm-up >= --settle-s, median of --reps windows
 of --calls pipelined calls, rotated inputs); loopback arms: a warm-up run, then --reps
@@ -24,7 +30,7 @@ median. Inputs: random bf16 tiles (a 1 Mi-element random block repeated), so pow
 draw is that of real data.
 
   python3 benchmarks/loopback.py [--kernels ag_tn,tn_rs] [--shapes all|NAME,...] [--tp 2]
-      [--calls 20] [--reps 3] [--budget-s 0] [--out-dir benchmarks/results]
+      [--arms pull,push] [--calls 20] [--reps 3] [--budget-s 0] [--out-dir benchmarks/results]
 Writes <out-dir>/loopback<tag>.csv and prints a markdown table (copied to $OUT when set).
 """
 from __future__ import annotations
@@ -48,11 +54,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import harness  # noqa: E402
 
-from kosmos_jax import _loopback, ops  # noqa: E402
+from kosmos_jax import _loopback, config, ops  # noqa: E402
 
 BF16 = jnp.bfloat16
-COLUMNS = ("kernel", "shape", "tp", "M", "N", "K", "cap", "gemm_full_ms", "gemm_cap_ms", "pull_ms", "push_ms",
-           "pull_vs_gemm_cap", "push_vs_gemm_cap", "push_vs_pull")
 
 
 def parse_args(argv=None):
@@ -60,6 +64,7 @@ def parse_args(argv=None):
   ap.add_argument("--kernels", default="ag_tn,tn_rs")
   ap.add_argument("--shapes", default="all", help="all, or comma-separated paper shape names")
   ap.add_argument("--tp", type=int, default=2, help="loopback ranks (each gets SMs // tp CTAs)")
+  ap.add_argument("--arms", default="pull,push", help="comma-separated arms, e.g. pull,push,pull+fp32,push+crew8")
   ap.add_argument("--calls", type=int, default=20, help="calls per timed window / loopback run")
   ap.add_argument("--reps", type=int, default=3, help="timed windows / loopback runs per arm (median)")
   ap.add_argument("--settle-s", type=float, default=0.5, help="GEMM arms' warm-up seconds")
@@ -82,9 +87,32 @@ def heap_mb(kernel, tp, rows, k, n) -> int:
   return (need >> 20) + 64
 
 
-def time_loopback(kernel, tp, rows, k, n, xs, ws, cap, push, args) -> float:
+def arm_knobs(arm, kernel, k, n) -> dict:
+  """Loopback keyword arguments of `arm` ("pull"/"push" + "+fp32", "+bandsN", "+crewN"),
+  the rest as the ops choose them (kosmos_jax/ops/_fused_tp.py)."""
+  transport, *mods = arm.split("+")
+  if transport not in ("pull", "push"):
+    raise ValueError(f"arm {arm!r}: must start with pull or push")
+  kw = dict(push=(int(transport == "push"),))
+  if kernel == "ag_tn":
+    kw["knob"] = config.ag_movers(n)
+  else:
+    kw.update(knob=config.rs_reducers(k), stage_bf16=True, band_rows=config.rs_band_rows(n, k))
+  for m in mods:
+    if m == "fp32" and kernel == "tn_rs":
+      kw["stage_bf16"] = False
+    elif m.startswith("bands") and kernel == "tn_rs":
+      kw["band_rows"] = int(m[5:])
+    elif m.startswith("crew"):
+      kw["knob"] = int(m[4:])
+    else:
+      raise ValueError(f"arm {arm!r}: modifier {m!r} does not apply to {kernel} (fp32 and bandsN are tn_rs only)")
+  return kw
+
+
+def time_loopback(kernel, tp, rows, k, n, xs, ws, cap, arm, args) -> float:
   """Median ms per call over args.reps runs of args.calls calls (after a 4-call warm-up run)."""
-  kw = dict(cu_cap=cap, push=(push,), heap_mb=heap_mb(kernel, tp, rows, k, n), check=False)
+  kw = dict(cu_cap=cap, heap_mb=heap_mb(kernel, tp, rows, k, n), check=False, **arm_knobs(arm, kernel, k, n))
   _loopback.run([kernel], tp, rows, k, n, xs, ws, calls=4, **kw)
   runs = [_loopback.run([kernel], tp, rows, k, n, xs, ws, calls=args.calls, **kw)[2] for _ in range(args.reps)]
   return statistics.median(runs) * 1e3 / args.calls
@@ -111,28 +139,25 @@ def bench_shape(kernel, shape, args, sms) -> dict:
   row = dict(kernel=kernel, shape=shape["name"], tp=tp, M=M, N=N, K=K, cap=cap)
   row["gemm_full_ms"] = time_gemm(M, K, N, None, args)
   row["gemm_cap_ms"] = time_gemm(M, K, N, cap, args)
-  row["pull_ms"] = time_loopback(kernel, tp, rows, K, N, xs, ws, cap, 0, args)
-  row["push_ms"] = time_loopback(kernel, tp, rows, K, N, xs, ws, cap, 1, args)
-  row["pull_vs_gemm_cap"] = row["pull_ms"] / row["gemm_cap_ms"]
-  row["push_vs_gemm_cap"] = row["push_ms"] / row["gemm_cap_ms"]
-  row["push_vs_pull"] = row["push_ms"] / row["pull_ms"]
+  for arm in args.arms.split(","):
+    row[f"{arm}_ms"] = time_loopback(kernel, tp, rows, K, N, xs, ws, cap, arm, args)
+    row[f"{arm}_vs_gemm"] = row[f"{arm}_ms"] / (tp * row["gemm_full_ms"])
   return row
 
 
-def table(rows) -> str:
-  head = "| kernel | shape | gemm all SMs ms | gemm cap ms | pull ms | push ms | pull / gemm cap | push / gemm cap | push / pull |"
-  lines = [head, "|" + " --- |" * 9]
+def table(rows, arms) -> str:
+  head = "| kernel | shape | gemm all SMs ms | gemm cap ms | " + " | ".join(f"{a} ms / vs tp x gemm" for a in arms) + " |"
+  lines = [head, "|" + " --- |" * (4 + len(arms))]
   for r in rows:
-    lines.append(f"| {r['kernel']} | {r['shape']} | {r['gemm_full_ms']:.3f} | {r['gemm_cap_ms']:.3f} | "
-                 f"{r['pull_ms']:.3f} | {r['push_ms']:.3f} | {r['pull_vs_gemm_cap']:.3f} | "
-                 f"{r['push_vs_gemm_cap']:.3f} | {r['push_vs_pull']:.3f} |")
+    cells = " | ".join(f"{r[a + '_ms']:.3f} / {r[a + '_vs_gemm']:.3f}" for a in arms)
+    lines.append(f"| {r['kernel']} | {r['shape']} | {r['gemm_full_ms']:.3f} | {r['gemm_cap_ms']:.3f} | {cells} |")
   for kernel in sorted({r["kernel"] for r in rows}):
     rs = [r for r in rows if r["kernel"] == kernel]
-    gm = lambda key: float(np.exp(np.mean([np.log(r[key]) for r in rs])))
-    lines.append(f"\n{kernel}: {len(rs)} shapes; geomean pull / gemm cap {gm('pull_vs_gemm_cap'):.3f}, "
-                 f"push / gemm cap {gm('push_vs_gemm_cap'):.3f}, push / pull {gm('push_vs_pull'):.3f}; "
-                 f"worst pull / gemm cap {max(r['pull_vs_gemm_cap'] for r in rs):.3f}, "
-                 f"push {max(r['push_vs_gemm_cap'] for r in rs):.3f}")
+    parts = []
+    for a in arms:
+      v = [r[a + "_vs_gemm"] for r in rs]
+      parts.append(f"{a} geomean {float(np.exp(np.mean(np.log(v)))):.3f}, worst {max(v):.3f}")
+    lines.append(f"\n{kernel}: {len(rs)} shapes, arm / (tp x gemm all SMs): " + "; ".join(parts))
   return "\n".join(lines)
 
 
@@ -151,13 +176,15 @@ def main(argv=None):
         break
       rows.append(bench_shape(kernel, shape, args, sms))
       r = rows[-1]
-      print(f"{kernel} {shape['name']}: gemm {r['gemm_full_ms']:.3f} / cap {r['gemm_cap_ms']:.3f} ms, "
-            f"pull {r['pull_ms']:.3f}, push {r['push_ms']:.3f} ms", flush=True)
+      print(f"{kernel} {shape['name']}: gemm {r['gemm_full_ms']:.3f} / cap {r['gemm_cap_ms']:.3f} ms, " +
+            ", ".join(f"{a} {r[a + '_ms']:.3f}" for a in args.arms.split(",")), flush=True)
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  if not rows:
+    raise SystemExit("no shape ran (check --shapes and --budget-s)")
   csv_path = out / f"loopback{args.tag}.csv"
-  harness.write_csv([{c: r[c] for c in COLUMNS} for r in rows], csv_path)
-  text = table(rows)
+  harness.write_csv(rows, csv_path)
+  text = table(rows, args.arms.split(","))
   print(text)
   (out / f"loopback{args.tag}.md").write_text(text + "\n")
   if os.environ.get("OUT"):

@@ -9,6 +9,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import loopback as L  # noqa: E402
@@ -27,9 +28,22 @@ def test_tiles_shape_dtype_and_not_constant():
 
 
 def test_table_states_ratios_and_geomeans():
-  rows = [dict(kernel="tn_rs", shape=f"s{i}", gemm_full_ms=1.0, gemm_cap_ms=2.0, pull_ms=2.2 * (i + 1),
-               push_ms=2.0 * (i + 1), pull_vs_gemm_cap=1.1 * (i + 1), push_vs_gemm_cap=1.0 * (i + 1),
-               push_vs_pull=2.0 / 2.2) for i in range(2)]
-  text = L.table(rows)
-  assert "| tn_rs | s1 | 1.000 | 2.000 | 4.400 | 4.000 | 2.200 | 2.000 | 0.909 |" in text
-  assert "tn_rs: 2 shapes; geomean pull / gemm cap 1.556" in text and "worst pull / gemm cap 2.200" in text
+  rows = [dict(kernel="tn_rs", shape=f"s{i}", gemm_full_ms=1.0, gemm_cap_ms=1.5, pull_ms=2.2 * (i + 1),
+               pull_vs_gemm=1.1 * (i + 1)) for i in range(2)]
+  text = L.table(rows, ["pull"])
+  assert "| tn_rs | s1 | 1.000 | 1.500 | 4.400 / 2.200 |" in text
+  assert "tn_rs: 2 shapes, arm / (tp x gemm all SMs): pull geomean 1.556, worst 2.200" in text
+
+
+def test_arm_knobs_follow_the_ops_defaults_and_modifiers():
+  from kosmos_jax import config
+  kw = L.arm_knobs("pull", "tn_rs", 6656, 16384)
+  assert kw == dict(push=(0,), knob=config.rs_reducers(6656), stage_bf16=True,
+                    band_rows=config.rs_band_rows(16384, 6656))
+  kw = L.arm_knobs("push+fp32+bands4+crew8", "tn_rs", 512, 4096)
+  assert kw == dict(push=(1,), knob=8, stage_bf16=False, band_rows=4)
+  assert L.arm_knobs("push", "ag_tn", 4096, 768) == dict(push=(1,), knob=config.ag_movers(768))
+  with pytest.raises(ValueError, match="does not apply to ag_tn"):
+    L.arm_knobs("pull+fp32", "ag_tn", 4096, 768)
+  with pytest.raises(ValueError, match="must start with pull or push"):
+    L.arm_knobs("fast", "ag_tn", 4096, 768)
