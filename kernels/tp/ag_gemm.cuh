@@ -85,6 +85,12 @@ struct AgDeviceOps {
   KOSMOS_DEVICE void finish(int grid);
 };
 
+// 16-byte loads each mover thread keeps in flight. Pull is latency-bound per
+// CTA: on 2xH200 (benchmarks/RESULTS.md, transport, 2026-11-30) 4 CTAs pulled
+// 101 GB/s with 4 in flight and 165 GB/s with 8 (push, whose stores do not wait,
+// 180 / 182), so 8 lets a smaller crew fill the link and leaves more CTAs to build.
+constexpr int kMoveInFlight = 8;
+
 // Bytes of tile row t of a shard: rows [t*BM, min((t+1)*BM, rows)).
 template <typename T>
 KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* bytes) {
@@ -130,7 +136,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::push(const AgMove& m, int i, s
   }
   __syncthreads();
   const TraceSpan span;
-  cta_copy16(slot(m.dst, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
+  cta_copy16<kMoveInFlight>(slot(m.dst, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
   __syncthreads();
   if (threadIdx.x == 0) {
     store_release<Scope::kSys>(&ctrl_of(m.dst)->arrived[p.rank * kMaxTileRows + m.t], epoch);
@@ -148,7 +154,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
   }
   if (m.publish) {
     const TraceSpan span;
-    cta_copy16(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
+    cta_copy16<kMoveInFlight>(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
     __syncthreads();  // all writes of the row before the release below
     if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
     if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceMove, i);
@@ -161,7 +167,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
   }
   __syncthreads();  // every thread's loads are ordered after thread 0's acquire
   const TraceSpan pull;
-  cta_copy16(slot(p.rank, m.src) + off, slot(m.src, m.src) + off, bytes);  // pull
+  cta_copy16<kMoveInFlight>(slot(p.rank, m.src) + off, slot(m.src, m.src) + off, bytes);  // pull
   __syncthreads();
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
   if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
