@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 6's checks in one device call (nvidia-h200-x2, <= 10 min): build the
-# extension, the push-transport GPU tests (new, never run before 2026-12-01's
-# session 14) and then the rest of the fused-kernel suites with the time left,
-# then benchmarks/tp_sp.py on every paper shape with the arms that decide the
+# extension, the one-GPU loopback tests, the push-transport GPU tests (push ran
+# only in loopback, on one GPU, as of 2026-12-01's session 15), the rest of the
+# fused-kernel suites with the time left, then benchmarks/tp_sp.py on every paper shape with the arms that decide the
 # bars (XLA, GEMM alone, fused pull, fused push), cut at the budget. At most 8
 # files come back from $OUT: env/build/pytest logs, tp_sp.csv, its two plots
 # and tp_sp_summary.md. Carry the nvidia-cutlass wheel in .whl/.
-#   TESTS=...      pytest selection (default: the push tests, then the fused suites)
+#   TESTS=...      pytest selection (default: loopback, the push tests, then the fused suites)
 #   SHAPES=all     tp_sp.py --shapes;  ARMS=xla,gemm_alone,kosmos_fused,kosmos_push
 #   KERNELS=ag_tn,tn_rs;  BUDGET_S=570: a step that would not fit is skipped, and says so
 # Never changes clocks or resets a GPU; NVLink multicast stays off.
@@ -29,6 +29,7 @@ run_tests() {  # $1: label, rest: pytest args; stops at the first failure, cut a
 if [ -n "${TESTS:-}" ]; then
   run_tests "tests" $TESTS
 else
+  run_tests "loopback tests" tests/gpu/test_loopback.py  # ~20 s: every rank on GPU 0 (passed 2026-12-01)
   run_tests "push tests" $FUSED -k push
   run_tests "fused suites" $FUSED -k "not push"
 fi
