@@ -101,7 +101,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
                       a.push && tp > 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
-    p.trace = trace_buf(ordinal, g.rank);
+    p.trace = trace_buf(ordinal, g.rank, g.trace_list);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90)
         return launch_counted("kosmos_ag_tn", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],

@@ -22,6 +22,7 @@ struct GroupInfo {
   int sm_count = 0;
   size_t heap_bytes = 0;
   char* heaps[kMaxRanks] = {};
+  int trace_list = 0;  // role timelines: this rank's first per-CTA list on the device (trace_buf)
 };
 
 // Finds the group (a row of `groups`, tp global ids each) holding this device and

@@ -121,6 +121,7 @@ std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal
   const size_t k = (i / s.ops.size()) % rk.x.size(), c = i % rk.first.size(), yb = y_bytes(s, op);
   GroupInfo g;
   g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
+  g.trace_list = r * (int)s.cu_cap;  // ranks share the device's trace lists: each gets its own
   for (int q = 0; q < s.tp; ++q) g.heaps[q] = ranks[q].heap;
   const int64_t push = s.push[i % s.push.size()];
   if (s.check) {

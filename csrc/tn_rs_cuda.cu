@@ -121,7 +121,7 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.stage_bf16 = bf16_stage ? 1 : 0;
     p.shape = shape; p.reducers = red; p.switching = a.switching != 0;
     p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
-    p.trace = trace_buf(ordinal, g.rank);
+    p.trace = trace_buf(ordinal, g.rank, g.trace_list);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90)
         return launch_counted("kosmos_tn_rs", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],

@@ -89,12 +89,14 @@ std::string trace_read(int ordinal, std::string* records, std::string* counts, u
   return "";
 }
 
-TraceBuf trace_buf(int ordinal, int rank) {
+TraceBuf trace_buf(int ordinal, int rank, int first_list) {
   if (!trace_compiled()) return TraceBuf{nullptr, nullptr, 0, 0};  // every launch asks: no lock then
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_dev.find(ordinal);
-  if (it == g_dev.end() || !it->second.on) return TraceBuf{nullptr, nullptr, 0, 0};
-  return TraceBuf{it->second.records, it->second.count, it->second.cap, (uint8_t)rank};
+  if (it == g_dev.end() || !it->second.on || first_list < 0 || first_list >= kTraceMaxCtas)
+    return TraceBuf{nullptr, nullptr, 0, 0};
+  const DeviceTrace& d = it->second;
+  return TraceBuf{d.records + (size_t)first_list * d.cap, d.count + first_list, d.cap, (uint8_t)rank};
 }
 
 }  // namespace kosmos

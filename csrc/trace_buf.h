@@ -24,8 +24,9 @@ void trace_disable(int ordinal);
 // Copies the record lists and counts of `ordinal` to the host after the device is idle.
 std::string trace_read(int ordinal, std::string* records, std::string* counts, uint32_t* cap);
 
-// The buffer a launch on `ordinal` records into, as rank `rank` (records == nullptr:
-// recording off).
-TraceBuf trace_buf(int ordinal, int rank);
+// The buffer a launch on `ordinal` records into, as rank `rank`, its CTA c into
+// list first_list + c (records == nullptr: recording off). One rank per device
+// starts at list 0; the loopback hook gives each rank on the device its own lists.
+TraceBuf trace_buf(int ordinal, int rank, int first_list = 0);
 
 }  // namespace kosmos

@@ -34,3 +34,21 @@ def run(ops, tp, rows, k, n, xs, ws, *, cu_cap, calls, push=(0,), knob=-1, switc
       ordinal, list(ops), tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
       [int(p) for p in push], calls, heap_mb << 20, [[np.ascontiguousarray(a).tobytes() for a in s] for s in xs],
       [[np.ascontiguousarray(a).tobytes() for a in s] for s in ws], int(check))
+
+
+def capture(ops, tp, rows, k, n, xs, ws, *, cu_cap, cap=4096, warmup=3, ordinal=0, **kw):
+  """(records, dropped): role timelines (kosmos_jax.trace) of one loopback call,
+  after `warmup` untraced calls; needs a KOSMOS_TRACE build. Each record's rank
+  is the loopback rank, its cta the CTA within that rank's launch."""
+  from kosmos_jax import trace
+  mod = trace.traced_module()
+  if not isinstance(cap, int) or cap < 1:
+    raise ValueError(f"capture: cap={cap!r} must be a positive int")
+  run(ops, tp, rows, k, n, xs, ws, cu_cap=cu_cap, calls=warmup, check=False, ordinal=ordinal, **kw)
+  mod.trace_enable(ordinal, cap)
+  try:
+    run(ops, tp, rows, k, n, xs, ws, cu_cap=cu_cap, calls=1, check=False, ordinal=ordinal, **kw)
+  finally:
+    mod.trace_disable(ordinal)
+  raw, counts, c = mod.trace_read(ordinal)
+  return trace.records_from_buffer(raw, np.frombuffer(counts, np.uint32), int(c))

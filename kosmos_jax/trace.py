@@ -73,6 +73,18 @@ def records_from_buffer(records, counts, cap: int) -> tuple[np.ndarray, int]:
   return out, int((counts - kept).sum())
 
 
+def traced_module():
+  """The extension module, if its kernels record timelines; else NotImplementedError."""
+  from kosmos_jax import _ext
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "trace_compiled"):
+    raise NotImplementedError(f"role timelines need the CUDA extension: {why or 'built without CUDA'}")
+  if not mod.trace_compiled():
+    raise NotImplementedError("the kernels were built without KOSMOS_TRACE: rebuild with "
+                              "`pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON`")
+  return mod
+
+
 def capture(fn, *args, cap: int = 4096):
   """(fn(*args), records, dropped): one call with role recording on every local GPU.
 
@@ -81,13 +93,8 @@ def capture(fn, *args, cap: int = 4096):
   step. Synchronises the devices before and after."""
   import jax
 
-  from kosmos_jax import _ext, runtime
-  mod, why = _ext._module()
-  if mod is None or not hasattr(mod, "trace_compiled"):
-    raise NotImplementedError(f"role timelines need the CUDA extension: {why or 'built without CUDA'}")
-  if not mod.trace_compiled():
-    raise NotImplementedError("the kernels were built without KOSMOS_TRACE: rebuild with "
-                              "`pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON`")
+  from kosmos_jax import runtime
+  mod = traced_module()
   if not isinstance(cap, int) or cap < 1:
     raise ValueError(f"capture: cap={cap!r} must be a positive int")
   runtime.init()

@@ -5,10 +5,15 @@ written as Chrome-trace JSON and PNG.
 Needs the extension built with tracing:
   pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON
 Usage: python scripts/gpu_timelines.py [--out-dir benchmarks/results] [--m 8192 --k 8192 --n 7168]
-(ag_tn: M total rows, K, N per rank; tn_rs: the same M, K per rank = K, N = N)."""
+         [--kernels ag_tn,tn_rs] [--loopback TP --arm pull|push[+crewN...]]
+(ag_tn: M total rows, K, N per rank; tn_rs: the same M, K per rank = K, N = N).
+--loopback TP: every rank a concurrent launch on GPU 0 with SMs // TP CTAs
+(kosmos_jax/_loopback.py; knobs as benchmarks/loopback.py's --arms); the
+timelines then show the roles without NVLink (a peer heap is GPU 0's memory)."""
 import argparse
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
@@ -37,25 +42,52 @@ def _problem(kernel, mesh, M, K, N):
   return f, (jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)))
 
 
+def _loopback_records(kernel, tp, M, K, N, arm):
+  """(records, dropped, title suffix) of one loopback call of `kernel` at TP `tp`."""
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+  import loopback as bench
+  from kosmos_jax import _loopback
+  rows, rng = M // tp, np.random.default_rng(0)
+  xs = [[bench._tiles(rng, (rows if kernel == "ag_tn" else M, K)) for _ in range(tp)]]
+  ws = [[bench._tiles(rng, (K, N), K ** -0.5) for _ in range(tp)]]
+  cap = jax.devices()[0].core_count // tp
+  recs, dropped = _loopback.capture([kernel], tp, rows, K, N, xs, ws, cu_cap=cap,
+                                    heap_mb=bench.heap_mb(kernel, tp, rows, K, N),
+                                    **bench.arm_knobs(arm, kernel, K, N))
+  return recs, dropped, f"loopback TP {tp} on one GPU ({cap} CTAs per rank), {arm}"
+
+
+def _records(kernel, args, mesh, gpus):
+  if args.loopback:
+    return _loopback_records(kernel, args.loopback, args.m, args.k, args.n, args.arm)
+  f, ins = _problem(kernel, mesh, args.m, args.k, args.n)
+  for _ in range(3):
+    jax.block_until_ready(f(*ins))  # compiled and warm: capture one steady-state call
+  _, recs, dropped = trace.capture(f, *ins)
+  return recs, dropped, f"TP {mesh.size}"
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out-dir", default="benchmarks/results")
   ap.add_argument("--m", type=int, default=8192)
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--n", type=int, default=7168)
+  ap.add_argument("--kernels", default="ag_tn,tn_rs")
+  ap.add_argument("--loopback", type=int, default=0, help="TP ranks on GPU 0 (0: one rank per local GPU)")
+  ap.add_argument("--arm", default="pull", help="loopback knobs: pull|push[+fp32][+bandsN][+crewN]")
   args = ap.parse_args()
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   mesh = jax.sharding.Mesh(np.array(gpus), ("tp",))
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  for kernel in ("ag_tn", "tn_rs"):
-    f, ins = _problem(kernel, mesh, args.m, args.k, args.n)
-    for _ in range(3):
-      jax.block_until_ready(f(*ins))  # compiled and warm: capture one steady-state call
-    _, recs, dropped = trace.capture(f, *ins)
-    stem = out / f"timeline_{kernel}_tp{mesh.size}"
+  for kernel in args.kernels.split(","):
+    recs, dropped, how = _records(kernel, args, mesh, gpus)
+    tp = args.loopback or mesh.size
+    tag = f"_loopback_{args.arm.replace('+', '_')}" if args.loopback else ""
+    stem = out / f"timeline_{kernel}_tp{tp}{tag}"
     trace.write_chrome_trace(recs, f"{stem}.json")
-    trace.plot_timeline(recs, f"{stem}.png", title=f"{kernel} M={args.m} K={args.k} N={args.n}, TP {mesh.size}, "
+    trace.plot_timeline(recs, f"{stem}.png", title=f"{kernel} M={args.m} K={args.k} N={args.n}, {how}, "
                         f"{gpus[0].device_kind}")
     roles = {trace.ROLE_NAMES[r]: int((recs["role"] == r).sum()) for r in np.unique(recs["role"])}
     print(f"{kernel}: {recs.size} records ({dropped} dropped), per role {roles} -> {stem}.png, {stem}.json")
