@@ -13,7 +13,7 @@ from kosmos_jax import _ext, runtime
 def _module():
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "loopback_run"):
-    raise RuntimeError(f"loopback needs the CUDA extension: {why or 'built without CUDA'}")
+    raise NotImplementedError(f"loopback needs the CUDA extension: {why or 'built without CUDA'}")
   return mod
 
 

@@ -47,9 +47,12 @@ class AgConfig:
     into its own heap and the peers' movers copy them across. "push": movers copy
     their own rows straight into every peer's heap (one NVLink copy per row, no
     wait on a publish; in the transport benchmark push ran 352 GB/s with 8 CTAs,
-    pull 198 with 8 and 357 with 16, benchmarks/RESULTS.md). Hopper builders only (bf16, sm_90); other
-    inputs raise at run time. Not yet measured inside the fused kernel
-    (2026-12-01), hence not the default.
+    pull 198 with 8 and 357 with 16, benchmarks/RESULTS.md), and the own shard's
+    tiles read x itself, so nothing is published and no builder waits for its
+    own rows. Hopper builders only (bf16, sm_90); other inputs raise at run time.
+    Correct in the one-GPU loopback tests (2026-12-01, before the own-shard-from-x
+    change, which is not yet run on a GPU) but not yet run or timed across GPUs,
+    hence not the default.
   """
   cu_cap: int | None = None
   movers: int | None = None

@@ -47,3 +47,14 @@ def test_arm_knobs_follow_the_ops_defaults_and_modifiers():
     L.arm_knobs("pull+fp32", "ag_tn", 4096, 768)
   with pytest.raises(ValueError, match="must start with pull or push"):
     L.arm_knobs("fast", "ag_tn", 4096, 768)
+
+
+def test_loopback_without_a_gpu_says_why():
+  import jax
+  if any(d.platform == "gpu" for d in jax.devices()):
+    pytest.skip("a GPU is visible: tests/gpu/test_loopback.py runs the hook")
+  from kosmos_jax import _loopback
+  x = [[np.zeros((128, 64), L.BF16)] * 2]
+  w = [[np.zeros((64, 64), L.BF16)] * 2]
+  with pytest.raises(NotImplementedError, match="GPU|CUDA"):
+    _loopback.run(["ag_tn"], 2, 128, 64, 64, x, w, cu_cap=4, calls=1)

@@ -18,12 +18,19 @@
 //                      engine's C goes: element (r, c) is stored at
 //                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels
 //                      scatter gathered rows (AG) or stage whole tiles (RS).
+//  a_source(t, &rows, &tile_m)  (Hopper engine, when kSplitA) the claiming thread,
+//                      before tile t's loads: a pointer to another A's TMA descriptor
+//                      (parameter space) for tile t, with that A's row count and
+//                      the tile's row in it; nullptr reads the Problem's A. AG+GEMM
+//                      under push reads its own shard straight from x this way.
 //
 // The Hopper engine loads with TMA (the async proxy). Data another CTA or GPU
 // wrote with ordinary stores is visible to TMA only after the acquiring thread
 // also runs fence.proxy.async (DeepEP issue 621): a hook that acquires must
 // call async_proxy_fence() before it returns.
 #pragma once
+#include <type_traits>
+
 #include "gemm/tile_problem.h"
 #include "kosmos/platform.h"
 
@@ -36,6 +43,14 @@ KOSMOS_DEVICE void async_proxy_fence() {
   asm volatile("fence.proxy.async;" ::: "memory");
 #endif
 }
+
+// Whether Hooks declares kSplitA = true (absent: false, every tile reads the Problem's A).
+template <class H, class = void>
+struct split_a : std::false_type {};
+template <class H>
+struct split_a<H, std::void_t<decltype(H::kSplitA)>> : std::bool_constant<H::kSplitA> {};
+template <class H>
+inline constexpr bool split_a_v = split_a<H>::value;
 
 // A plain GEMM: nothing to wait for, nothing to publish.
 struct NoHooks {

@@ -6,11 +6,13 @@
 // launcher always starts at least one mover when there are peers.
 //
 // A is this rank's gather region read as one [tp * T * kBM, K] matrix: shard s
-// occupies rows [s * T * kBM, (s + 1) * T * kBM), its own rows included (movers
-// publish them there; under the pull transport that is also what peers pull,
-// under push the peers write their rows here themselves). Rows past a shard's
-// end are never written and never stored (row_ptr masks them). With tp == 1
-// there are no slots and A is x itself.
+// occupies rows [s * T * kBM, (s + 1) * T * kBM). Pull: its own rows included
+// (movers publish them there, which is also what peers pull). Push: the peers
+// write their rows there themselves and the own shard's tiles read x directly
+// through a second TMA descriptor (AgSm90Params::own, the engine's a_source
+// hook), so no builder waits for a publish and nothing is published. Rows past
+// a shard's end are never written and never stored (row_ptr masks them). With
+// tp == 1 there are no slots and A is x itself.
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
 #include "tp/ag_gemm.cuh"
@@ -21,6 +23,7 @@ template <class Cfg>
 struct AgSm90Params {
   AgParams<bf16_t> ag;   // x, w, y, heaps, shape (NT in units of Cfg::kBN), movers >= 1 if tp > 1
   sm90::Params<Cfg> g;   // TMA over A (see above) and W [K, N]; g.M = tp * T * kBM
+  typename sm90::Params<Cfg>::TmaA own;  // push: TMA over x [rows, K], the own shard's A
 };
 
 struct AgSm90Shared {
@@ -44,10 +47,13 @@ struct AgSm90Sched {
 // By value, not a pointer into the kernel parameters: the epilogue stores through
 // row_ptr, and a pointer the compiler must assume those stores may alias would
 // reload every field (and redo the divisions) per stored element pair.
-// kPush: AgShape::push at compile time (a push's release is on the peer).
-template <bool kPush>
+// kPush: AgShape::push at compile time (a push's release is on the peer, and
+// the own shard is read from x: a_source).
+template <class Cfg, bool kPush>
 struct AgSm90Hooks {
-  static constexpr bool kTileDone = false, kMapsRows = true;
+  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kPush;
+  using TmaA = typename sm90::Params<Cfg>::TmaA;
+  const TmaA* own;  // in the kernel parameters (TMA reads descriptors from parameter space)
   AgCtrl* ctrl;
   bf16_t* y;
   uint64_t epoch, timeout_ns;
@@ -63,6 +69,7 @@ struct AgSm90Hooks {
     if (tp == 1) return;
     const int src = t.m / T, tr = t.m % T;
     const bool own = src == rank;
+    if (kPush && own) return;  // x, complete before the launch (stream order)
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
     wait_ge<kPush ? Scope::kSys : Scope::kGpu>(
@@ -72,6 +79,13 @@ struct AgSm90Hooks {
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
+  // Push: an own-shard tile reads x [rows, K] at its tile row within the shard.
+  KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
+    if (!kPush || tp == 1 || t.m / T != rank) return nullptr;
+    *a_rows = rows;
+    *tile_m = t.m - rank * T;
+    return own;
+  }
 
   // Engine row r (shard src, flattened local row lr) goes to row
   // (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
@@ -102,9 +116,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      AgSm90Hooks<kPush> hooks{this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp, a.shape.T,
-                               a.rows, a.m_local, a.N, a.trace};
-      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks<kPush>>::run(pp.g, s, sched, hooks);
+      AgSm90Hooks<Cfg, kPush> hooks{&pp.own, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
+                                    a.shape.T, a.rows, a.m_local, a.N, a.trace};
+      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks<Cfg, kPush>>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};

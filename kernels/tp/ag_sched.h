@@ -7,12 +7,13 @@
 // link is busy. Publish items precede all pulls, so once a pull is claimed
 // anywhere every publish of that rank was claimed earlier by a running CTA: a
 // pull only ever waits on claimed work, on every rank.
-// Push transport (AgShape::push, Hopper life only): per local tile row t, a
-// publish then one push per peer (destination-minor), T*tp items. A push copies
-// x's row t straight into the peer's slot for this rank and releases the peer's
-// arrived flag: one NVLink copy per row and no wait on a peer's publish. It
-// waits only on the peer's ready[] (its gather region is free this epoch), which
-// the peer's movers announce first thing (ag_cta_movers_move).
+// Push transport (AgShape::push, Hopper life only): per local tile row t, one
+// push per peer (destination-minor), T*(tp-1) items, and no publish: the own
+// shard's builders read x itself (tp/ag_gemm_sm90.cuh). A push copies x's row t
+// straight into the peer's slot for this rank and releases the peer's arrived
+// flag: one NVLink copy per row and no wait on a peer's publish. It waits only
+// on the peer's ready[] (its gather region is free this epoch), which the
+// peer's movers announce first thing (ag_cta_movers_move).
 // Build queue: every tile of the local shard first (its rows come straight from
 // x), then peer tiles tile-row-major and source-minor (the pull order; under
 // push the order in which each peer's rows leave it).
@@ -44,8 +45,8 @@ struct AgBuild {
   int move;  // local move item the tile's rows arrive by; -1: the local shard, or a peer's push
 };
 
-// With no peers there is nothing to publish or pull.
-KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * s.tp : 0; }
+// With no peers there is nothing to publish or pull; push publishes nothing.
+KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * (s.push ? s.tp - 1 : s.tp) : 0; }
 KOSMOS_HD inline int ag_n_build(const AgShape& s) { return s.T * s.NT * s.tp; }
 
 // Peer tile row q of the build order (and pull q): tile-row-major, source-minor.
@@ -56,8 +57,8 @@ KOSMOS_HD inline AgMove ag_peer_row(const AgShape& s, int q) {
 
 KOSMOS_HD inline AgMove ag_move_item(const AgShape& s, int i) {
   if (s.push) {
-    const int t = i / s.tp, k = i % s.tp;
-    return {k == 0, s.rank, t, (s.rank + k) % s.tp};
+    const int t = i / (s.tp - 1), k = 1 + i % (s.tp - 1);
+    return {false, s.rank, t, (s.rank + k) % s.tp};
   }
   if (i < s.T) return {true, s.rank, i, s.rank};
   return ag_peer_row(s, i - s.T);

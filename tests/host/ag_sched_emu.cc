@@ -129,13 +129,14 @@ struct HostOps {
                 rank, b.src, b.t, b.move, s.push);
       if (b.src != rank)
         wait_ge<Scope::kSys>(&me().arrived[b.src * c.T + b.t], e, kTimeoutNs, site("arrived", b.src * c.T + b.t));
-      else if (c.tp > 1)
+      else if (c.tp > 1 && !s.push)  // push: the own shard is read from x
         wait_ge<Scope::kSys>(&me().pub[b.t], e, kTimeoutNs, site("pub(local)", b.t));
       build(b);
     }
   }
   void build(const AgBuild& b) {
-    if (b.src != rank || (c.movers_move && c.tp > 1)) {  // Hopper builders read every row from the slots
+    // Hopper builders read every row from the slots, but under push their own from x.
+    if (b.src != rank || (c.movers_move && c.tp > 1 && !s.push)) {
       const uint64_t v = __atomic_load_n(&me().gather[b.src * c.T + b.t], __ATOMIC_RELAXED);
       EMU_CHECK(v == tag(e, b.src, b.t), "rank %d built tile (src %d, t %d) on stale rows", rank, b.src, b.t);
     }

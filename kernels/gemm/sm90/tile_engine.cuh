@@ -64,15 +64,29 @@ struct TileEngine {
     }
   }
 
-  // Producer thread: stream tile t's k-blocks of A and B into the ring.
+  // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks
+  // with kSplitA may name another A for the tile (gemm/tile_hooks.h a_source).
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
-    Tensor gA = local_tile(p.tma_a.get_tma_tensor(make_shape(p.M, p.K)), make_shape(BM{}, BK{}), make_coord(t.m, _));
+    const typename P::TmaA* a = &p.tma_a;
+    int rows = p.M, tile_m = t.m;
+    if constexpr (gemm::split_a_v<Hooks>) {  // one copy of the load loop: the producer has 40 registers
+      int r = 0, m = 0;
+      if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, rows = r, tile_m = m;
+    }
+    produce_from(p, *a, rows, tile_m, s, ring, t, h);
+  }
+
+  // produce_tile with A read through `tma_a` (an [a_rows, K] matrix in parameter
+  // space, as TMA needs), at its tile row a_tile_m.
+  static CUTE_DEVICE void produce_from(const P& p, const typename P::TmaA& tma_a, int a_rows, int a_tile_m, S& s,
+                                       Ring& ring, gemm::TileCoord t, Hooks& h) {
+    Tensor gA = local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
     Tensor gB = local_tile(p.tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
     // (TMA, k-block) sources and (TMA, stage) destinations; B: this CTA's
     // 1/kClusterM of the tile, multicast to the whole cluster.
-    auto [tAg, tAs] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+    auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto part_b = [&] {
       if constexpr (Cfg::kClusterM > 1) {
         return tma_partition(p.tma_b, cluster_ctarank(), Layout<Int<Cfg::kClusterM>>{}, group_modes<0, 2>(sB),
@@ -88,7 +102,7 @@ struct TileEngine {
       h.before_k(t, k * Cfg::kBK);
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
-      copy(p.tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
+      copy(tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
       if constexpr (Cfg::kClusterM > 1) {
         copy(p.tma_b.with(s.full[ring.slot], uint16_t((1u << Cfg::kClusterM) - 1)), tBg(_, k), tBs(_, ring.slot));
       } else {
