@@ -87,9 +87,10 @@ def heap_mb(kernel, tp, rows, k, n) -> int:
   return (need >> 20) + 64
 
 
-def arm_knobs(arm, kernel, k, n) -> dict:
+def arm_knobs(arm, kernel, k, n, cap=None, sms=None) -> dict:
   """Loopback keyword arguments of `arm` ("pull"/"push" + "+fp32", "+bandsN", "+crewN"),
-  the rest as the ops choose them (kosmos_jax/ops/_fused_tp.py)."""
+  the rest as the ops choose them (kosmos_jax/ops/_fused_tp.py) for a grid of
+  `cap` CTAs on a GPU of `sms` SMs."""
   transport, *mods = arm.split("+")
   if transport not in ("pull", "push"):
     raise ValueError(f"arm {arm!r}: must start with pull or push")
@@ -97,7 +98,7 @@ def arm_knobs(arm, kernel, k, n) -> dict:
   if kernel == "ag_tn":
     kw["knob"] = config.ag_movers(n)
   else:
-    kw.update(knob=config.rs_reducers(k), stage_bf16=True, band_rows=config.rs_band_rows(n, k))
+    kw.update(knob=config.rs_reducers(k, cap, sms), stage_bf16=True, band_rows=config.rs_band_rows(n, k))
   for m in mods:
     if m == "fp32" and kernel == "tn_rs":
       kw["stage_bf16"] = False
@@ -112,7 +113,8 @@ def arm_knobs(arm, kernel, k, n) -> dict:
 
 def time_loopback(kernel, tp, rows, k, n, xs, ws, cap, arm, args) -> float:
   """Median ms per call over args.reps runs of args.calls calls (after a 4-call warm-up run)."""
-  kw = dict(cu_cap=cap, heap_mb=heap_mb(kernel, tp, rows, k, n), check=False, **arm_knobs(arm, kernel, k, n))
+  kw = dict(cu_cap=cap, heap_mb=heap_mb(kernel, tp, rows, k, n), check=False,
+            **arm_knobs(arm, kernel, k, n, cap, jax.devices()[0].core_count))
   _loopback.run([kernel], tp, rows, k, n, xs, ws, calls=4, **kw)
   runs = [_loopback.run([kernel], tp, rows, k, n, xs, ws, calls=args.calls, **kw)[2] for _ in range(args.reps)]
   return statistics.median(runs) * 1e3 / args.calls

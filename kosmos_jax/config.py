@@ -85,9 +85,17 @@ def ag_movers(n: int) -> int:
   return CREW_THIN if n <= AG_THIN_N else CREW_DEFAULT
 
 
-def rs_reducers(k: int) -> int:
-  """Initial reducers of GEMM+RS for a contraction of k per rank."""
-  return CREW_THIN if k <= RS_THIN_K else CREW_DEFAULT
+def rs_reducers(k: int, cu_cap: int | None = None, sm_count: int | None = None) -> int:
+  """Initial reducers of GEMM+RS for a contraction of k per rank, on a grid of
+  min(cu_cap, sm_count) CTAs. Under a CU cap both roles shrink in proportion
+  (paper §3.1.2): the rule's crew is for a whole GPU, and a capped grid that kept
+  it would starve its builders. Loopback (two ranks of 66 CTAs on one H200,
+  benchmarks/RESULTS.md 2026-12-01): 70B-OProj-MBS1 took 0.884 ms with 32
+  reducers, 0.669 with 16 and 0.636 with 2."""
+  crew = CREW_THIN if k <= RS_THIN_K else CREW_DEFAULT
+  if cu_cap is None or not sm_count or cu_cap >= sm_count:
+    return crew
+  return max(1, round(crew * cu_cap / sm_count))
 
 
 MAX_BAND_ROWS = 64
@@ -118,7 +126,7 @@ class RsConfig:
   """Fused GEMM+RS launch knobs.
 
   cu_cap: at most this many CTAs (= SMs), None for all SMs.
-  reducers: CTAs that start as reducers; None = rs_reducers(k); 0 = builders only
+  reducers: CTAs that start as reducers; None = rs_reducers(k, cu_cap, SMs); 0 = builders only
     until the GEMM queue is empty.
   stage: dtype of the partial tiles the peers pull: "bf16" (default: half the
     bytes; each partial rounded once, as XLA's bf16 dot is before its

@@ -53,7 +53,7 @@ def _loopback_records(kernel, tp, M, K, N, arm):
   cap = jax.devices()[0].core_count // tp
   recs, dropped = _loopback.capture([kernel], tp, rows, K, N, xs, ws, cu_cap=cap,
                                     heap_mb=bench.heap_mb(kernel, tp, rows, K, N),
-                                    **bench.arm_knobs(arm, kernel, K, N))
+                                    **bench.arm_knobs(arm, kernel, K, N, cap, jax.devices()[0].core_count))
   return recs, dropped, f"loopback TP {tp} on one GPU ({cap} CTAs per rank), {arm}"
 
 

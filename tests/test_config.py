@@ -12,6 +12,15 @@ def test_crew_rules_follow_the_measured_table():
   assert config.rs_reducers(config.RS_THIN_K) == config.CREW_THIN
 
 
+def test_rs_reducers_shrink_with_a_cu_cap():
+  # Paper §3.1.2: a capped grid shrinks both roles in proportion.
+  assert config.rs_reducers(512, 66, 132) == config.CREW_THIN // 2
+  assert config.rs_reducers(3584, 33, 132) == config.CREW_DEFAULT // 4
+  assert config.rs_reducers(512, 1, 132) == 1  # never below one
+  assert config.rs_reducers(512, 200, 132) == config.rs_reducers(512, None, 132) == config.CREW_THIN
+  assert config.rs_reducers(512, 66, None) == config.CREW_THIN  # SM count unknown: unscaled
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(cu_cap=0), "cu_cap=0"),
     (dict(movers=-1), "movers=-1"),

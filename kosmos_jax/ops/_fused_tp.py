@@ -78,6 +78,12 @@ def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True, tr
                       transport=cfg.transport)
 
 
+def _sm_count() -> int | None:
+  """SMs of this process's first GPU (all of a group's GPUs are alike), or None."""
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  return getattr(gpus[0], "core_count", None) if gpus else None
+
+
 def builder_runs() -> dict[str, dict[str, int]]:
   """Test hook: fused launches per builder engine since the process started,
   {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}}."""
@@ -157,7 +163,7 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   *lead, m, _ = x.shape
   if m % tp:
     raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
-  red = _config.rs_reducers(int(w.shape[0])) if cfg.reducers is None else cfg.reducers
+  red = _config.rs_reducers(int(w.shape[0]), cfg.cu_cap, _sm_count()) if cfg.reducers is None else cfg.reducers
   bands = cfg.band_rows
   if bands is None:
     bands = _config.rs_band_rows(int(w.shape[1]), int(w.shape[0]), w.dtype.itemsize)
