@@ -47,8 +47,8 @@ struct LoopbackResult {
 
 // x[s][r], w[s][r]: input set s of rank r, bf16 bytes: x [tp*rows, K] when an
 // op is tn_rs (ag_tn reads its first `rows` rows), else [rows, K]; w [K, N].
-// Needs the runtime
-// initialised on `ordinal` (kernels prepared). Returns "" or an error.
+// Needs the runtime initialised on `ordinal` (kernels prepared). Returns "" or
+// an error naming the rank, the call and the values.
 std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
                          const std::vector<std::vector<std::string>>& w, LoopbackResult* out);
 
