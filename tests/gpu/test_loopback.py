@@ -1,4 +1,4 @@
-"""Both fused TP+SP kernels with every rank on one GPU (tests/gpu/loopback.py):
+"""Both fused TP+SP kernels with every rank on one GPU (tests/gpu/loopback_cases.py):
 the device protocol at tp = 2, 4 and 8 for both transports without peer GPUs.
 Each case checks every set's first outputs against the float64 oracle, that
 every later call (different inputs than the call before it, poisoned output)
@@ -8,7 +8,7 @@ import pytest
 
 from kosmos_jax.ops._fused_tp import builder_runs
 from helpers import assert_close
-import loopback
+import loopback_cases as loopback
 
 BF16 = loopback.BF16
 
