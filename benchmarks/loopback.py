@@ -55,6 +55,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import harness  # noqa: E402
 
 from kosmos_jax import _loopback, config, ops  # noqa: E402
+from kosmos_jax.ops._fused_tp import builder_runs  # noqa: E402
 
 BF16 = jnp.bfloat16
 
@@ -115,8 +116,12 @@ def time_loopback(kernel, tp, rows, k, n, xs, ws, cap, arm, args) -> float:
   """Median ms per call over args.reps runs of args.calls calls (after a 4-call warm-up run)."""
   kw = dict(cu_cap=cap, heap_mb=heap_mb(kernel, tp, rows, k, n), check=False,
             **arm_knobs(arm, kernel, k, n, cap, jax.devices()[0].core_count))
+  before = builder_runs()[kernel]["sm90"]
   _loopback.run([kernel], tp, rows, k, n, xs, ws, calls=4, **kw)
   runs = [_loopback.run([kernel], tp, rows, k, n, xs, ws, calls=args.calls, **kw)[2] for _ in range(args.reps)]
+  ran, want = builder_runs()[kernel]["sm90"] - before, tp * (4 + args.reps * args.calls)
+  if ran != want:  # a number from the portable builders must not pass for the Hopper kernel's
+    raise RuntimeError(f"{kernel} {arm}: the Hopper builders ran {ran} of {want} launches")
   return statistics.median(runs) * 1e3 / args.calls
 
 

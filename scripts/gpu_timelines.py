@@ -57,7 +57,7 @@ def _loopback_records(kernel, tp, M, K, N, arm):
   return recs, dropped, f"loopback TP {tp} on one GPU ({cap} CTAs per rank), {arm}"
 
 
-def _records(kernel, args, mesh, gpus):
+def _records(kernel, args, mesh):
   if args.loopback:
     return _loopback_records(kernel, args.loopback, args.m, args.k, args.n, args.arm)
   f, ins = _problem(kernel, mesh, args.m, args.k, args.n)
@@ -82,7 +82,7 @@ def main():
   out = pathlib.Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   for kernel in args.kernels.split(","):
-    recs, dropped, how = _records(kernel, args, mesh, gpus)
+    recs, dropped, how = _records(kernel, args, mesh)
     tp = args.loopback or mesh.size
     tag = f"_loopback_{args.arm.replace('+', '_')}" if args.loopback else ""
     stem = out / f"timeline_{kernel}_tp{tp}{tag}"
