@@ -17,7 +17,7 @@ DESIGN.md §7) at TP = --tp:
               rank has; faster per SM than a full GPU's share, as it has the whole
               power budget, HBM and L2; for reference only)
   --arms      loopback calls of the fused kernel, every rank concurrently, per call;
-              an arm is "pull" or "push" plus optional "+fp32" (RS partials staged
+              an arm is "pull", "push" or (RS) "push_fold" plus optional "+fp32" (RS partials staged
               fp32), "+bandsN" (RS band rows), "+crewN" (initial movers / reducers);
               what it leaves out is what the ops pick (kosmos_jax.config: ag_movers,
               rs_reducers, rs_band_rows, bf16 staging)
@@ -93,9 +93,9 @@ def arm_knobs(arm, kernel, k, n, cap=None, sms=None) -> dict:
   the rest as the ops choose them (kosmos_jax/ops/_fused_tp.py) for a grid of
   `cap` CTAs on a GPU of `sms` SMs."""
   transport, *mods = arm.split("+")
-  if transport not in ("pull", "push"):
-    raise ValueError(f"arm {arm!r}: must start with pull or push")
-  kw = dict(push=(int(transport == "push"),))
+  if transport not in config.RS_PUSH_ATTR or (transport == "push_fold" and kernel != "tn_rs"):
+    raise ValueError(f"arm {arm!r}: must start with pull or push (or push_fold, tn_rs only)")
+  kw = dict(push=(config.RS_PUSH_ATTR[transport],))
   if kernel == "ag_tn":
     kw["knob"] = config.ag_movers(n)
   else:

@@ -86,11 +86,20 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
                                                                        a.x, a.w, a.y);
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
+  if (a.push < 0 || a.push > 2)
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: push=" + std::to_string(a.push) +
+                                       " must be 0 (pull), 1 (push) or 2 (push_fold)");
+  const char* transport = a.push == 2 ? "push_fold" : "push";
   if (a.push && tp > 1 && !sm90)
     return ffi::Error::InvalidArgument(
-        "kosmos_tn_rs: transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
+        std::string("kosmos_tn_rs: transport='") + transport + "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
         "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
         "these inputs run the portable builders, which support transport='pull' only");
+  if (a.push == 2 && tp > 1 && (!a.stage_bf16 || !a.switching))
+    return ffi::Error::InvalidArgument("kosmos_tn_rs: transport='push_fold' needs stage='bf16' and switching=True "
+                                       "(the fold sums in the bf16 staged epilogue and has no reducers to split "
+                                       "off); got stage_bf16=" + std::to_string(a.stage_bf16) +
+                                       ", switching=" + std::to_string(a.switching));
   // bf16 staging is a Hopper-builder option; the portable builders stage fp32.
   if (a.stage_bf16 && dt != 2)
     return ffi::Error::InvalidArgument("kosmos_tn_rs: bf16 staging needs bf16 inputs");
@@ -99,11 +108,13 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(a.band_rows) + " must be in [1, " +
                                        std::to_string(kRsMaxBands) + "]");
   RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)a.band_rows : 1);
-  shape.push = a.push && tp > 1;
+  shape.push = a.push != 0 && tp > 1;
+  shape.fold = a.push == 2 && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
   int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
+  if (shape.fold) red = 0;  // nothing to reduce: every CTA builds (the fold's queue)
   if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
     if (grid < 2)
       return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
@@ -171,4 +182,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<int64_t>("stage_bf16")               // 1: bf16 staging (Hopper builders)
                                   .Attr<int64_t>("switching")                // 0: fixed split
                                   .Attr<int64_t>("band_rows")                // tile rows per band (Hopper builders)
-                                  .Attr<int64_t>("push"));                   // 1: push transport (Hopper builders)
+                                  .Attr<int64_t>("push"));                   // 1: push, 2: push_fold (Hopper builders)

@@ -13,12 +13,13 @@ namespace {
 using RsCfgBf16 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
 using RsCfgF32 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 4, /*SmemEpi=*/false>;
 static_assert(RsCfgBf16::kBN == RsCfgF32::kBN, "one staging tile width for both");
-// [push]: the pull and push kernels of each staging type (tn_rs_sm90_kernel's kPush).
-Sm90State g_state_f32[2], g_state_bf16[2];
+// [push]: the pull and push kernels of each staging type (tn_rs_sm90_kernel's
+// kPush); g_state_fold: bf16 push with the own chunk folded (kFold).
+Sm90State g_state_f32[2], g_state_bf16[2], g_state_fold;
 
-template <class Cfg, class StageT, bool kPush>
+template <class Cfg, class StageT, bool kPush, bool kFold = false>
 std::string prepare_one(int ordinal, Sm90State& state) {
-  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<Cfg, StageT, kPush>),
+  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<Cfg, StageT, kPush, kFold>),
                       Cfg::kThreads, (int)sm90::SharedStorage<Cfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
                       TimeoutUnit::kTnRsSm90);
 }
@@ -32,13 +33,14 @@ std::string tn_rs_sm90_prepare(int ordinal) {
   if (err.empty()) err = prepare_one<RsCfgF32, float, true>(ordinal, g_state_f32[1]);
   if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, false>(ordinal, g_state_bf16[0]);
   if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, true>(ordinal, g_state_bf16[1]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, true, true>(ordinal, g_state_fold);
   return err;
 }
 
 bool tn_rs_sm90_ready(int ordinal) {
   for (int push = 0; push < 2; ++push)
     if (!sm90_ready(g_state_f32[push], ordinal) || !sm90_ready(g_state_bf16[push], ordinal)) return false;
-  return true;
+  return sm90_ready(g_state_fold, ordinal);
 }
 
 namespace {
@@ -47,14 +49,19 @@ template <class Cfg, class StageT>
 cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
   RsSm90Params<Cfg> p{rs, {}};
   p.g = sm90::make_params<Cfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
-  const auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, true> : &tn_rs_sm90_kernel<Cfg, StageT, false>;
+  auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, true> : &tn_rs_sm90_kernel<Cfg, StageT, false>;
+  if constexpr (sizeof(StageT) == 2) {
+    if (rs.shape.fold) kernel = &tn_rs_sm90_kernel<Cfg, StageT, true, true>;
+  }
   kernel<<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
+// The caller keeps fold to bf16 staging (tn_rs_run); fp32 staging has no fold kernel.
 cudaError_t tn_rs_sm90_launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
+  if (rs.shape.fold && !rs.stage_bf16) return cudaErrorInvalidValue;
   return rs.stage_bf16 ? launch<RsCfgBf16, bf16_t>(rs, grid, stream) : launch<RsCfgF32, float>(rs, grid, stream);
 }
 

@@ -50,9 +50,9 @@ class AgConfig:
     pull 198 with 8 and 357 with 16, benchmarks/RESULTS.md), and the own shard's
     tiles read x itself, so nothing is published and no builder waits for its
     own rows. Hopper builders only (bf16, sm_90); other inputs raise at run time.
-    Correct in the one-GPU loopback tests (2026-12-01, before the own-shard-from-x
-    change, which is not yet run on a GPU) but not yet run or timed across GPUs,
-    hence not the default.
+    Correct in the one-GPU loopback tests (2026-12-01, the own-shard-from-x
+    version included) and faster there (benchmarks/RESULTS.md, session 16), but
+    not yet run or timed across GPUs, hence not the default.
   """
   cu_cap: int | None = None
   movers: int | None = None
@@ -71,6 +71,10 @@ class AgConfig:
 
 
 TRANSPORTS = ("pull", "push")
+# GEMM+RS also folds: push, and each owner sums its chunk in its builders' epilogues.
+RS_TRANSPORTS = TRANSPORTS + ("push_fold",)
+# The fused ops' `push` attribute for each RS transport (csrc/tn_rs_cuda.cu).
+RS_PUSH_ATTR = {"pull": 0, "push": 1, "push_fold": 2}
 
 # GEMM work per byte moved (N per rank for AG, K per rank for RS) at or below
 # which the larger crew wins (table above).
@@ -142,8 +146,13 @@ class RsConfig:
     owner's reducers pull them over NVLink. "push": the builders' epilogue
     writes each partial into its owner's heap (asynchronous copies beside the
     next tile's mainloop) and reducers read only local memory; same sum, same
-    bits. Hopper builders only; other inputs raise at run time. Not yet measured
-    (2026-12-01), hence not the default.
+    bits. "push_fold": push, but nobody reduces. Each rank builds its peers'
+    chunks first and its own chunk last, and the epilogue of each own tile adds
+    the peers' pushed partials (ranks in order, fp32, rounded once: the same
+    bits again) and stores Y; its own partials are never staged. Needs
+    stage="bf16" and switching=True, and has no reducers (reducers None or 0).
+    Hopper builders only; other inputs raise at run time. Neither push is yet
+    measured across GPUs (2026-12-01), hence not the default.
   """
   cu_cap: int | None = None
   reducers: int | None = None
@@ -163,8 +172,11 @@ class RsConfig:
     b = self.band_rows
     if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_BAND_ROWS):
       raise ValueError(f"RsConfig: band_rows={b!r} must be an int in [1, {MAX_BAND_ROWS}] or None")
-    if self.transport not in TRANSPORTS:
-      raise ValueError(f"RsConfig: transport={self.transport!r} must be one of {TRANSPORTS}")
+    if self.transport not in RS_TRANSPORTS:
+      raise ValueError(f"RsConfig: transport={self.transport!r} must be one of {RS_TRANSPORTS}")
+    if self.transport == "push_fold" and (self.stage != "bf16" or not self.switching or self.reducers):
+      raise ValueError(f"RsConfig: transport='push_fold' needs stage='bf16', switching=True and no reducers; "
+                       f"got stage={self.stage!r}, switching={self.switching!r}, reducers={self.reducers!r}")
     if not self.switching and self.reducers == 0:
       raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
                        "give reducers >= 1 (or None for the default)")

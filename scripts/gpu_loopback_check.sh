@@ -5,7 +5,7 @@
 # thin and wide paper shapes, GEMM+RS first (its cost beyond the GEMM is the
 # larger). No NVLink in any of it (kosmos_jax/_loopback.py). Back in $OUT: env,
 # build and test logs, and per kernel the benchmark's log, CSV and table.
-#   RS_SHAPES, AG_SHAPES   paper shape names;  RS_ARMS, AG_ARMS (default pull,push)
+#   RS_SHAPES, AG_SHAPES   paper shape names (empty: skip);  RS_ARMS, AG_ARMS (default pull,push)
 #   BUDGET_S=560: the benchmark steps are cut to the time left
 # Never changes clocks or resets a GPU; NVLink multicast stays off.
 set -uo pipefail
@@ -14,8 +14,8 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-560}
 left() { echo $(( BUDGET_S - SECONDS )); }
-RS_SHAPES=${RS_SHAPES:-8B-OProj-MBS1,8B-Down-MBS1,70B-OProj-MBS1,70B-Down-MBS1,405B-OProj-MBS1,405B-Down-MBS1,8B-Down-MBS4,70B-OProj-MBS4}
-AG_SHAPES=${AG_SHAPES:-8B-QKV-MBS1,8B-FC1-MBS1,70B-QKV-MBS1,70B-FC1-MBS1,405B-QKV-MBS1,405B-FC1-MBS1,8B-FC1-MBS4,70B-QKV-MBS4}
+RS_SHAPES=${RS_SHAPES-8B-OProj-MBS1,8B-Down-MBS1,70B-OProj-MBS1,70B-Down-MBS1,405B-OProj-MBS1,405B-Down-MBS1,8B-Down-MBS4,70B-OProj-MBS4}
+AG_SHAPES=${AG_SHAPES-8B-QKV-MBS1,8B-FC1-MBS1,70B-QKV-MBS1,70B-FC1-MBS1,405B-QKV-MBS1,405B-FC1-MBS1,8B-FC1-MBS4,70B-QKV-MBS4}
 TESTS=none bash scripts/gpu_check.sh > /dev/null 2>&1 || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
 echo "built at ${SECONDS}s"
 KOSMOS_TEST_PLATFORMS=cuda,cpu timeout 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_loopback.py \
@@ -23,6 +23,7 @@ KOSMOS_TEST_PLATFORMS=cuda,cpu timeout 150 $PY -m pytest -q -x -p no:cacheprovid
 echo "loopback tests rc=$? at ${SECONDS}s"; tail -1 "$OUT/loopback_tests.log"
 grep -E "^FAILED|kosmos timeout|^E  " "$OUT/loopback_tests.log" | head -8
 bench() {  # $1 kernel, $2 shapes, $3 arms, $4 share of the time left (percent)
+  [ -n "$2" ] || { echo "skipped $1: no shapes"; return; }
   local t=$(( $(left) * $4 / 100 ))
   [ "$t" -gt 40 ] || { echo "skipped $1: $(left) s left"; return; }
   timeout "$t" $PY benchmarks/loopback.py --kernels "$1" --shapes "$2" --arms "$3" --budget-s $(( t - 30 )) \

@@ -23,6 +23,16 @@
 //                      (parameter space) for tile t, with that A's row count and
 //                      the tile's row in it; nullptr reads the Problem's A. AG+GEMM
 //                      under push reads its own shard straight from x this way.
+//  combines(t), before_combine(t), combine_terms(t), combine_own(t),
+//  combine_src(t, term)  (Hopper engine's staged epilogue, when kCombines) for
+//                      the tiles where combines(t) is true, the tile leaves as
+//                      the fp32 sum of combine_terms(t) bf16 [kBM][kBN] tiles in
+//                      term order, rounded once: term combine_own(t) is the tile
+//                      itself (rounded once), every other one combine_src(t, term)
+//                      in global memory. One consumer thread first calls
+//                      before_combine (waits, acquiring, for those sources).
+//                      GEMM+RS folds the peers' pushed partials of its own chunk
+//                      in here (tp/gemm_rs_sm90.cuh).
 //
 // The Hopper engine loads with TMA (the async proxy). Data another CTA or GPU
 // wrote with ordinary stores is visible to TMA only after the acquiring thread
@@ -51,6 +61,14 @@ template <class H>
 struct split_a<H, std::void_t<decltype(H::kSplitA)>> : std::bool_constant<H::kSplitA> {};
 template <class H>
 inline constexpr bool split_a_v = split_a<H>::value;
+
+// Whether Hooks declares kCombines = true (absent: false, tiles leave as computed).
+template <class H, class = void>
+struct combines : std::false_type {};
+template <class H>
+struct combines<H, std::void_t<decltype(H::kCombines)>> : std::bool_constant<H::kCombines> {};
+template <class H>
+inline constexpr bool combines_v = combines<H>::value;
 
 // A plain GEMM: nothing to wait for, nothing to publish.
 struct NoHooks {

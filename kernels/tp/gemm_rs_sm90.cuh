@@ -11,7 +11,9 @@
 // epilogue writes each partial into its chunk owner's staging (rs_staged). Either way the
 // reducers sum the ranks in fp32 in rank order and round once, so the result is
 // bitwise reproducible; bf16 partials are rounded once each, as XLA's bf16 dot
-// output is before its psum_scatter.
+// output is before its psum_scatter. Fold (RsShape::fold, push with bf16
+// staging): no reducers; the epilogue of each own-chunk tile adds the peers'
+// pushed partials in rank order and rounds once into Y (kFold, combine below).
 //
 // A is x read as one [tp * rows, K] matrix; chunk c's tile row tr is engine tile
 // row c * T + tr, so rows % kBM == 0 (a tile never straddles two chunks: the
@@ -46,7 +48,7 @@ struct RsSm90Sched {
     if (j >= rs_n_build(s)) return false;
     const RsTile rt = rs_build_item(s, j);
     // Claimed, not yet built: peers' reducers may now wait on this step's bands.
-    if (j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
+    if (!s.fold && j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
     const RsBandTile bt = rs_band_tile_colmajor(s, rt.band, rt.k);
     t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + bt.row, bt.col};
     return true;
@@ -58,9 +60,12 @@ struct RsSm90Sched {
 // so no local copy): per-rank arrays held here would live in local memory.
 // kPush is RsShape::push as a compile-time constant: the pull kernel keeps the
 // register budget it had before push existed (its producer thread has 40).
-template <class StageT, bool kPush>
+// kFold (RsShape::fold, with kPush and bf16 staging): own-chunk tiles are
+// combined with the peers' partials in the epilogue and go straight to Y.
+template <class StageT, bool kPush, bool kFold = false>
 struct RsSm90Hooks {
-  static constexpr bool kTileDone = true, kMapsRows = true;
+  static constexpr bool kTileDone = true, kMapsRows = true, kCombines = kFold;
+  static_assert(!kFold || (kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
   const RsParams<bf16_t>* rs;
   RsCtrl* ctrl;   // ours
   StageT* stage;  // our staging: heap + kHeapDataOffset
@@ -99,13 +104,42 @@ struct RsSm90Hooks {
   }
 
   // Engine row r of tile t lands in row r - t.m * kBM of the tile's staging
-  // slot; element (r, c) at [c] (c counts from the tile's first column).
+  // slot; element (r, c) at [c] (c counts from the tile's first column). A
+  // folded tile's rows are Y's: chunk-local row, N wide.
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
-    const int in_tile = r - t.m * portable::kBM;
-    if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
+    const int in_tile = r - t.m * portable::kBM, row = (t.m % s.T) * portable::kBM + in_tile;
+    if (row >= rows) return nullptr;  // past the chunk: never read
     static_assert(sizeof(OutT) == sizeof(StageT), "the engine stores the staging type");
+    if (combines(t)) return reinterpret_cast<OutT*>(rs->y + (size_t)row * rs->N);
     return reinterpret_cast<OutT*>(tile_of(t) + (ptrdiff_t)(in_tile - t.n) * tile_n);
+  }
+
+  KOSMOS_DEVICE bool combines(gemm::TileCoord t) const { return kFold && t.m / s.T == rank; }
+
+  // One consumer thread: every peer's partial of this band of our chunk has
+  // been pushed here (pub[], released after the pushes' writes completed). The
+  // engine's barrier after it orders every consumer's loads behind the acquire.
+  KOSMOS_DEVICE void before_combine(gemm::TileCoord t) {
+    const int band = (t.m - rank * s.T) / s.R;
+    for (int src = 0; src < s.tp; ++src) {
+      if (src == rank) continue;
+      const TraceSpan wait;
+      wait_ge<Scope::kSys>(&ctrl->pub[rs_flag_index(band, src)], epoch, timeout_ns,
+                           {"tn_rs_sm90", rank, (int)blockIdx.x, "pub(fold)", src * kRsMaxBands + band});
+      wait.close(rs->trace, blockIdx.x, kTraceWait, band);
+    }
+  }
+
+  // The fold's terms (gemm/tile_hooks.h combine): every rank's partial of tile
+  // t, ranks in order (the reducers' sum, term for term); ours is the engine's
+  // own rounded tile, the peers' were pushed into our staging.
+  KOSMOS_DEVICE int combine_terms(gemm::TileCoord) const { return s.tp; }
+  KOSMOS_DEVICE int combine_own(gemm::TileCoord) const { return rank; }
+  KOSMOS_DEVICE const StageT* combine_src(gemm::TileCoord t, int term) const {
+    const int tr = t.m - rank * s.T, band = tr / s.R;
+    const int slot = rs_stage_slot(s, band, term, rs_band_index(s, tr - band * s.R, t.n));
+    return stage + (size_t)slot * rs_tile_elems(tile_n);
   }
 
   // One consumer thread after a named barrier over every consumer's stores
@@ -114,6 +148,7 @@ struct RsSm90Hooks {
   // release of pub[] (ours, or under push the owner's) covers the whole band
   // (as gemm_rs.cuh's band_add).
   KOSMOS_DEVICE void tile_done(gemm::TileCoord t) {
+    if (combines(t)) return;  // went to Y: nothing staged (rs_tile_done)
     const int chunk = t.m / s.T, band = (t.m - chunk * s.T) / s.R;
     if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 !=
         (uint32_t)rs_band_tiles(s, band))
@@ -123,7 +158,7 @@ struct RsSm90Hooks {
   }
 };
 
-template <class Cfg, class StageT, bool kPush>
+template <class Cfg, class StageT, bool kPush, bool kFold>
 struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
@@ -143,10 +178,10 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     const TraceSpan span;
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
-    RsSm90Hooks<StageT, kPush> hooks{&a, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows,
-                                     a.tile_n, a.rank};
+    RsSm90Hooks<StageT, kPush, kFold> hooks{&a, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows,
+                                            a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
-    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT, kPush>>::run(pp.g, s, sched, hooks);
+    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT, kPush, kFold>>::run(pp.g, s, sched, hooks);
     __syncthreads();  // the engine's warp groups leave at different times
     if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
   }
@@ -252,7 +287,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   }
 };
 
-template <class Cfg, class StageT, bool kPush>
+template <class Cfg, class StageT, bool kPush, bool kFold = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
@@ -260,7 +295,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  RsSm90Ops<Cfg, StageT, kPush> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  RsSm90Ops<Cfg, StageT, kPush, kFold> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
   rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 

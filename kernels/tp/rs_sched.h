@@ -18,12 +18,27 @@
 // its order are the same, so the bits are too. A peer's staging takes pushes of
 // an epoch once the peer announced it free (ready[]): rs_cta_builders_build.
 //
+// Fold (RsShape::fold, push only, Hopper life): nobody reduces. Every rank
+// builds all of its peers' chunks first (band-major, rotated as above), then its
+// own chunk band by band; the epilogue of an own tile waits until every peer
+// has published that band here, adds the peers' pushed partials to its own in
+// rank order and rounds once into Y (the same sum, so the same bits). Our own
+// chunk is never staged, and the reduction rides in the builders' epilogues.
+// Own tiles come last because the engine publishes a band one tile late (after
+// the builder's next mainloop): a peer's band b is complete only well after its
+// tiles were claimed, and own band b, built (tp-1)/tp of the queue later, finds
+// it long published instead of waiting a mainloop for it.
+//
 // Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
 // a band (local or remote) before its own rank has claimed every tile of that
 // step; if the step is not claimed yet it claims and builds the tiles itself.
 // Builds wait on nothing in the current epoch, so every claimed tile completes,
 // and each rank claims its steps in order without needing any peer: the waits
 // for step b form a DAG (reducers -> every rank's step b -> nothing).
+// Fold: an own tile waits on peers' tiles of the peer part of their queues,
+// which wait on nothing; a CTA takes its tiles in claim order and every rank
+// claims its whole peer part before any own tile, so a peer tile is never
+// queued behind a waiting own tile (the DAG is own tiles -> peer tiles -> nothing).
 #pragma once
 #include <cstdint>
 
@@ -39,6 +54,7 @@ struct RsShape {
   int R;      // tile rows per band
   int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
   int push = 0;  // 1: push transport (rs_cta_builders_build only); 0: pull
+  int fold = 0;  // 1 (with push): own chunk folded into the builders' epilogues, no reducers
 };
 
 struct RsTile {
@@ -62,7 +78,24 @@ KOSMOS_HD inline int rs_step_end(const RsShape& s, int b) {
 // Chunk produced i-th within a step: ours last, so the peers' chunks go first.
 KOSMOS_HD inline int rs_chunk_at(const RsShape& s, int i) { return (s.rank + 1 + i) % s.tp; }
 
+// Fold: whether tile rows of chunk c are summed in their builder's epilogue.
+KOSMOS_HD inline bool rs_folds(const RsShape& s, int c) { return s.fold && c == s.rank; }
+
+// Fold's queue: the peer part (tp - 1 chunks a step, rotated from rank + 1 as
+// rs_build_item), then our own chunk, band-major.
+KOSMOS_HD inline RsTile rs_fold_item(const RsShape& s, int j) {
+  const int peers = (s.tp - 1) * s.T * s.NT;
+  if (j >= peers) {
+    const int q = j - peers, full = s.R * s.NT, b = q / full;
+    return {b, s.rank, q - b * full};
+  }
+  const int full = s.R * s.NT * (s.tp - 1), b = j / full;  // only the last step may be short
+  const int q = j - b * full, bt = rs_band_tiles(s, b);
+  return {b, rs_chunk_at(s, q / bt), q % bt};
+}
+
 KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {
+  if (s.fold) return rs_fold_item(s, j);
   const int full = s.R * s.NT * s.tp;
   const int b = j / full;  // only the last step may be short, so this is exact
   const int q = j - rs_step_begin(s, b), bt = rs_band_tiles(s, b);
@@ -105,6 +138,7 @@ KOSMOS_HD inline RsStaged rs_staged(const RsShape& s, int writer, int c) { retur
 
 KOSMOS_HD inline int rs_slices(const RsShape& s, int b) { return (rs_band_tiles(s, b) + s.slice - 1) / s.slice; }
 KOSMOS_HD inline int rs_n_reduce(const RsShape& s) {
+  if (s.fold) return 0;
   const int B = rs_bands(s);
   return (B - 1) * rs_slices(s, 0) + rs_slices(s, B - 1);
 }
@@ -137,7 +171,7 @@ KOSMOS_HD void rs_reduce_fixed(int tp, uint32_t n, uint32_t first, uint32_t step
 template <class Ops>
 KOSMOS_HD RsTile rs_build_tile(Ops& ops, const RsShape& s, int j, bool& staging_free) {
   const RsTile t = rs_build_item(s, j);
-  if (j + 1 == rs_step_end(s, t.band)) ops.mark_step_claimed(t.band);  // claim done, build pending
+  if (!s.fold && j + 1 == rs_step_end(s, t.band)) ops.mark_step_claimed(t.band);  // claim done, build pending
   if (!staging_free) {
     for (int p = 0; p < s.tp; ++p)
       if (p != s.rank) ops.wait_peer_done(p);
@@ -152,8 +186,10 @@ KOSMOS_HD RsTile rs_build_tile(Ops& ops, const RsShape& s, int j, bool& staging_
 // release of pub[] covers the whole band. The Hopper engine calls this one tile
 // late (its staged epilogue's copies overlap the next tile): nothing a builder
 // waits for may depend on it.
+// Folded tiles are not staged: there is nothing to count or publish.
 template <class Ops>
 KOSMOS_HD void rs_tile_done(Ops& ops, const RsShape& s, const RsTile& t) {
+  if (rs_folds(s, t.chunk)) return;
   if (ops.band_add(t.band, t.chunk) + 1 == (uint32_t)rs_band_tiles(s, t.band)) ops.publish(t.band, t.chunk);
 }
 

@@ -112,7 +112,7 @@ def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage, switch
   return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          reducers=np.int64(-1 if reducers is None else reducers),
                          stage_bf16=np.int64(stage == "bf16"), switching=np.int64(switching),
-                         band_rows=np.int64(band_rows), push=np.int64(transport == "push"))
+                         band_rows=np.int64(band_rows), push=np.int64(_config.RS_PUSH_ATTR[transport]))
 
 
 tn_rs_p.def_abstract_eval(_tn_rs_abstract)
@@ -147,7 +147,9 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   turns the one-way builder -> reducer switch off (a fixed split, benchmarks).
   `band_rows`: tile rows per band for the Hopper builders (RsConfig). `transport="push"`
   (Hopper builders only): builders write partials into their owner's heap, reducers
-  read locally (RsConfig); the result is bitwise the same as with "pull"."""
+  read locally (RsConfig); `transport="push_fold"`: pushed as well, and each owner
+  sums its chunk in its builders' epilogues instead of a reducer pass. The result
+  is bitwise the same with every transport."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
   if stage is None:
@@ -163,7 +165,12 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   *lead, m, _ = x.shape
   if m % tp:
     raise ValueError(f"tn_rs_fused: m={m} rows must divide by tp={tp}")
-  red = _config.rs_reducers(int(w.shape[0]), cfg.cu_cap, _sm_count()) if cfg.reducers is None else cfg.reducers
+  if cfg.transport == "push_fold":
+    red = 0  # every CTA builds; the fold has no reduce queue
+  elif cfg.reducers is None:
+    red = _config.rs_reducers(int(w.shape[0]), cfg.cu_cap, _sm_count())
+  else:
+    red = cfg.reducers
   bands = cfg.band_rows
   if bands is None:
     bands = _config.rs_band_rows(int(w.shape[1]), int(w.shape[0]), w.dtype.itemsize)

@@ -1,5 +1,6 @@
 """Both fused TP+SP kernels with every rank on one GPU (tests/gpu/loopback_cases.py):
-the device protocol at tp = 2, 4 and 8 for both transports without peer GPUs.
+the device protocol at tp = 2, 4 and 8 for both transports (and GEMM+RS's
+push_fold) without peer GPUs.
 Each case checks every set's first outputs against the float64 oracle, that
 every later call (different inputs than the call before it, poisoned output)
 reproduced its set's bits, and that the Hopper builders ran every launch."""
@@ -96,6 +97,36 @@ def test_both_kernels_share_the_heap(tp):
   # one kernel's readers to the other's writers), transports changing every two
   # calls: 4 x 3 = 12 (set, op, transport) phases, each seen 6 times.
   _check(["ag_tn", "tn_rs"], tp, 256, 512, 1024, calls=72, sets=3, push=(1, 1, 0, 0))
+
+
+# GEMM+RS push_fold (push = 2): no reducers; owners sum their chunk in their
+# builders' epilogues, own chunk last. Same bits as pull and push.
+@pytest.mark.parametrize("shape", RS_SHAPES, ids=str)
+def test_tn_rs_fold_tp2(shape):
+  _check("tn_rs", 2, *shape, push=(2,), stage_bf16=True)
+
+
+@pytest.mark.parametrize("other", [0, 1], ids=["pull", "push"])
+def test_tn_rs_fold_same_bits(other):
+  _check("tn_rs", 2, 512, 512, 1024, calls=60, sets=3, push=(2, other), stage_bf16=True)
+
+
+@pytest.mark.parametrize("case", ["cta1", "cap20x200", "bands8", "tp4", "tp8"])
+def test_tn_rs_fold_edges(case):
+  kw = dict(push=(2, 0), stage_bf16=True)
+  if case == "cta1":
+    _check("tn_rs", 2, 256, 256, 512, cap=1, calls=40, **kw)
+  elif case == "cap20x200":
+    _check("tn_rs", 2, 512, 512, 1024, cap=20, calls=200, sets=3, **kw)
+  elif case == "bands8":
+    _check("tn_rs", 2, 1024, 1024, 2048, band_rows=8, **kw)
+  else:
+    _check("tn_rs", int(case[2:]), 256, 512, 1024, calls=24, sets=3, **kw)
+
+
+def test_tn_rs_fold_refuses_fp32_staging():
+  with pytest.raises(RuntimeError, match="push_fold.*stage='bf16'"):
+    loopback.run("tn_rs", 2, 256, 256, 512, cu_cap=8, calls=2, push=(2,), stage_bf16=False)
 
 
 def test_refuses_ranks_that_cannot_co_reside():

@@ -9,7 +9,8 @@
 // on claimed work; staging is never read stale or overwritten while a peer reads
 // it (tag checked before and after each read); nothing hangs (bounded waits trap).
 // Both transports (pull; push, where builders write into the chunk owner's
-// staging), epochs alternating between them, and push bitwise equal to pull.
+// staging), epochs alternating between them, and push bitwise equal to pull;
+// fold (push, own chunk summed in its builders' epilogues, no reducers) too.
 // Usage: rs_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
 #include <algorithm>
 #include <cmath>
@@ -69,6 +70,7 @@ struct Case {
   bool builders_build = false;  // rs_cta_builders_build (Hopper builders); needs W == grid
   bool switching = true;        // false: builders stop when the GEMM queue is empty (fixed split)
   int push = 0;                 // RsShape::push (builders_build only); 2: alternate, pull on odd epochs
+  bool fold = false;            // push epochs fold (RsShape::fold; reducers must be 0)
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -139,6 +141,7 @@ struct HostOps {
     const int slot = rs_stage_slot(s, t.band, h.pos, k);
     __atomic_fetch_add(&me().built[rs_stage_slot(s, t.band, t.chunk, k)], 1u, __ATOMIC_RELAXED);
     if (reducing) __atomic_fetch_add(&g_help_builds, 1, __ATOMIC_RELAXED);
+    if (rs_folds(s, t.chunk)) return;  // summed in its epilogue (fold), never staged
     if (h.home != rank) wait_ge<Scope::kSys>(&ctl(rank).ready[h.home], e, g_timeout_ns, site("ready", h.home));
     Rank& home = *ranks[h.home];
     __atomic_store_n(&home.tag[slot], 0ull, __ATOMIC_RELAXED);
@@ -152,7 +155,8 @@ struct HostOps {
   // Hopper builders, timed as the engine runs them: the producer claims one
   // tile ahead (marking a step claimed at its claim, RsSm90Sched::next), and the
   // staged epilogue counts a tile into its band only after the CTA's next tile
-  // is built, or when the engine returns (RsSm90Hooks::tile_done).
+  // is built, or when the engine returns (RsSm90Hooks::tile_done). A folded tile
+  // is summed after that count, in its own epilogue (RsSm90Hooks::combine).
   void build_all() {
     bool staging_free = false;
     const int n = rs_n_build(s);
@@ -160,10 +164,11 @@ struct HostOps {
     bool due = false;
     for (int next = claim_build(); next < n;) {
       const int j = next;
-      if (j + 1 == rs_step_end(s, rs_build_item(s, j).band)) mark_step_claimed(rs_build_item(s, j).band);
+      if (!s.fold && j + 1 == rs_step_end(s, rs_build_item(s, j).band)) mark_step_claimed(rs_build_item(s, j).band);
       next = claim_build();
       const RsTile t = rs_build_tile(*this, s, j, staging_free);
       if (due) rs_tile_done(*this, s, done_due);
+      if (rs_folds(s, t.chunk)) fold(t);
       done_due = t;
       due = true;
     }
@@ -206,6 +211,7 @@ struct HostOps {
   bool tags_ok(int b, int k, const char* when) {
     bool ok = true;
     for (int src = 0; src < s.tp; ++src) {
+      if (s.fold && src == rank) continue;  // our own partial is never staged
       const auto [home, slot] = staged(src, b, k);
       const uint64_t tg = __atomic_load_n(&home->tag[slot], __ATOMIC_RELAXED);
       EMU_CHECK(tg == stage_tag(e, src, slot), "rank %d epoch %llu: rank %d's partial (slot %d) %s read: tag %llx",
@@ -232,6 +238,32 @@ struct HostOps {
       tags_ok(sl.band, k, "after");
       __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
     }
+  }
+  // Fold: own tile t of our chunk once every peer has published its band here;
+  // the sum in rank order with our partial in its place (rs_reduce_fixed again).
+  void fold(const RsTile& t) {
+    EMU_CHECK(reducing == false && t.chunk == rank, "rank %d cta %d folds a tile it does not own", rank, cta);
+    for (int src = 0; src < s.tp; ++src)
+      if (src != rank) wait_ge<Scope::kSys>(&ctl(rank).pub[rs_flag_index(t.band, src)], e, g_timeout_ns,
+                                            site("pub(fold)", src));
+    const RsBandTile bt = rs_band_tile_colmajor(s, t.band, t.k);
+    const int k = rs_band_index(s, bt.row, bt.col), tile = t.band * s.R * s.NT + k;
+    const int row = t.band * s.R + bt.row;
+    if (!tags_ok(t.band, k, "before")) return;
+    jitter();
+    auto src = [&](int r, uint32_t i) {
+      if (r == rank) return partial(data_seed, e, rank, rank, row, bt.col, (int)i);
+      const auto [home, slot] = staged(r, t.band, k);
+      return ffrom(__atomic_load_n(&home->stage[slot * kElems + i], __ATOMIC_RELAXED));
+    };
+    auto dst = [&](uint32_t i, float sum) {
+      me().sum32[tile * kElems + i] = fbits(sum);
+      me().out[tile * kElems + i] = bf16_rne(sum);
+    };
+    rs_reduce_fixed(s.tp, kElems, 0, 1, src, dst);
+    jitter();
+    tags_ok(t.band, k, "after");
+    __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
   }
   void finish(int grid) {
     RsCtrl& m = ctl(rank);
@@ -280,7 +312,7 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
   Rank& r = *ranks[rank];
   auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
   for (int it = 0; it < c.epochs; ++it) {
-    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it)};
+    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it), push_at(it) && c.fold && c.tp > 1};
     const bool prev_pull = it > 0 && !push_at(it - 1);
     const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
     std::fill(r.built.begin(), r.built.end(), 0u);
@@ -378,6 +410,16 @@ std::vector<Case> make_cases() {
     cases.push_back({3, 3, 3, 1, 5, 2, 2, 3, 4, 20, true, false, push});  // fixed split
     cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, push});    // one CTA, no delays
   }
+  // Fold (push epochs; alternating with pull for push == 2): every CTA builds.
+  for (int tp : {2, 3, 4})
+    for (int W : {1, 3})
+      for (int push : {1, 2}) {
+        const Dims d = dims[n++ % 4];
+        cases.push_back({tp, W, W, 0, d.T, d.NT, d.R, d.slice, 4, 20, true, true, push, true});
+      }
+  cases.push_back({8, 4, 4, 0, 5, 3, 1, 1, 4, 5, true, true, 1, true});
+  cases.push_back({8, 1, 1, 0, 3, 2, 2, 1, 4, 5, true, true, 2, true});   // one CTA per rank, short last band
+  cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, 1, true});   // one CTA, no delays
   return cases;
 }
 
@@ -389,13 +431,14 @@ int main() {
   unsigned seed = 1;
   for (const Case& c : cases) {
     // Named before it runs: a bounded wait that traps leaves this as the last line.
-    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d push=%d\n", c.tp, c.W, c.grid, c.reducers,
-                c.T, c.NT, c.R, c.slice, c.push);
+    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d push=%d fold=%d\n", c.tp, c.W, c.grid,
+                c.reducers, c.T, c.NT, c.R, c.slice, c.push, (int)c.fold);
     std::fflush(stdout);
     const std::vector<uint64_t> a = run_case(c, seed, seed + 1000);
     if (c.push) {  // the same data pulled: the same bits
       Case pull = c;
       pull.push = 0;
+      pull.fold = false;
       EMU_CHECK(a == run_case(pull, seed + 7000, seed + 1000), "tp=%d W=%d: push and pull outputs differ", c.tp, c.W);
     }
     // Same data, other interleaving: the outputs must be bitwise the same.

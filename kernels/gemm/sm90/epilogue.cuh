@@ -93,6 +93,47 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
     st_shared_bf16x2(rows[(i >> 1) & 1] + uint32_t(get<1>(coord(i)) * 2), acc(i), acc(i + 1));
 }
 
+// Consumers, after stage_tile: acc becomes the sum of n bf16 tiles in fp32, in
+// the order 0..n-1. Term `own` is this tile as staged in s.c (rounded once);
+// the others are src(term), [kBM][kBN] in global memory, written by other CTAs
+// or GPUs during this launch and acquired before (their writers released them
+// after their copies completed; a barrier hands the acquire to every thread).
+// The sum starts from -0.0f, which adds to any x as x (starting from 0.0f
+// would turn -0.0 into +0.0), so it equals a sum started from term 0 bitwise.
+// One branch-free loop over the terms, through generic pointers (the staged
+// term is in shared memory), accumulating in acc itself: the accumulators are
+// the registers the epilogue has, and per-term branches or a shared-memory pass
+// with 16-byte vectors made ptxas spill 1-3 KB here. Each thread reads only its
+// own fragment's positions, so its staged values need no barrier.
+template <class Cfg, class Thr, class Acc, class Src>
+CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, const Thr& thr, Acc& acc, int n, int own, const Src& src) {
+  constexpr int kBatch = 8;  // element pairs in flight per term
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
+  const int r0 = get<0>(coord(0)), r1 = get<0>(coord(2)), c0 = get<1>(coord(0));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) = -0.0f;
+  for (int term = 0; term < n; ++term) {
+    const bool staged = term == own;
+    const uint16_t* g = staged ? reinterpret_cast<const uint16_t*>(s.c) : reinterpret_cast<const uint16_t*>(src(term));
+    const int ld = staged ? Cfg::kEpiPitch : Cfg::kBN;
+    const uint16_t* rows[2] = {g + r0 * ld + c0, g + r1 * ld + c0};
+    CUTE_UNROLL
+    for (int i0 = 0; i0 < size(acc); i0 += 2 * kBatch) {
+      uint32_t raw[kBatch];
+      CUTE_UNROLL
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + 2 * b;
+        raw[b] = *reinterpret_cast<const uint32_t*>(rows[(i >> 1) & 1] + (get<1>(coord(i)) - c0));
+      }
+      CUTE_UNROLL
+      for (int b = 0; b < kBatch; ++b) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[b]));
+        acc(i0 + 2 * b) += v.x, acc(i0 + 2 * b + 1) += v.y;
+      }
+    }
+  }
+}
+
 // One consumer thread per row (row < kBM): copies staged row `row` of tile t to
 // where the hooks map it, clipped to N; rows past the problem are skipped.
 // Both ends are 16-byte aligned: N % 8 == 0 (smem_epilogue) and 16-byte

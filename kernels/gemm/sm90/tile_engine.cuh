@@ -184,6 +184,20 @@ struct TileEngine {
     f.valid = false;
   }
 
+  // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h): the
+  // wait comes after the mainloop, so the tile's math overlaps whatever it
+  // waits for, and the barrier hands thread 0's acquire to every consumer. The
+  // combined tile is staged again in place of the tile (each thread rewrites
+  // only its own positions, which it alone read).
+  template <class Thr, class Acc>
+  static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, const Thr& thr, Acc& acc, int ctid) {
+    if (!h.combines(t)) return;
+    if (ctid == 0) h.before_combine(t);
+    named_barrier(kConsumerBarrier, kConsumerThreads);
+    combine_tile<Cfg>(s, thr, acc, h.combine_terms(t), h.combine_own(t), [&](int term) { return h.combine_src(t, term); });
+    stage_tile<Cfg, OutT>(s, thr, acc);
+  }
+
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
   // the thread's index among the consumer threads.
   static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid,
@@ -196,6 +210,7 @@ struct TileEngine {
       if (smem_epilogue(p)) {
         retire<false>(h, f, ctid);
         stage_tile<Cfg, OutT>(s, thr, acc);
+        if constexpr (gemm::combines_v<Hooks>) combine(h, s, t, thr, acc, ctid);
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if (ctid < Cfg::kBM) {
@@ -205,6 +220,9 @@ struct TileEngine {
         f = InFlight{t, true};
         return;
       }
+    }
+    if constexpr (gemm::combines_v<Hooks>) {  // combining hooks need the staged tile
+      if (h.combines(t)) __trap();             // (their launchers keep N % 8 == 0)
     }
     store_tile<Cfg, OutT>(p, thr, acc, t, h);
     if constexpr (Hooks::kTileDone) {
