@@ -11,6 +11,8 @@ one run (DESIGN.md §7):
   kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused" (the default transport, pull)
   kosmos_push     the fused lowering with transport="push" (movers / builders write into the
                   peers' heaps; kosmos_jax.config AgConfig / RsConfig)
+  kosmos_fold     GEMM+RS only: transport="push_fold" (pushed partials summed in the owners'
+                  builders' epilogues, no reducers; RsConfig)
   fixed_split     the fused lowering with role switching off (switching=False) and a fixed
                   crew of movers / reducers: rows fixed_split_56 (56 CTAs) and
                   fixed_split_best (best of a small sweep)
@@ -61,10 +63,10 @@ import tp_sp_arms as A  # noqa: E402
 
 KERNELS = ("ag_tn", "tn_rs")
 FAMILIES = ("xla", "comm_alone", "gemm_alone", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push",
-            "fixed_split")
-PLOT_ARMS = ("pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "fixed_split_best", "gemm_alone_kosmos",
-             "gemm_alone_xla")
-COMPARED = ("xla", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "fixed_split_56",
+            "kosmos_fold", "fixed_split")
+PLOT_ARMS = ("pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "kosmos_fold", "fixed_split_best",
+             "gemm_alone_kosmos", "gemm_alone_xla")
+COMPARED = ("xla", "pallas_mgpu", "kosmos_unfused", "kosmos_fused", "kosmos_push", "kosmos_fold", "fixed_split_56",
             "fixed_split_best")
 QUICK = {"ag_tn": ["8B-QKV-MBS1", "8B-FC1-MBS4", "70B-QKV-MBS2", "70B-FC1-MBS1", "405B-FC1-MBS1"],
          "tn_rs": ["8B-OProj-MBS1", "8B-Down-MBS4", "70B-OProj-MBS2", "70B-Down-MBS1", "405B-Down-MBS1"]}
@@ -218,6 +220,10 @@ def _refuse(why):
   raise NotRun(why)
 
 
+def _unavailable(why):
+  raise A.Unavailable(why)
+
+
 def plan(pb, family, args):
   """[(row arm name, builder)] for one family; a builder returns {variant: (fn, kind)}."""
   if family == "gemm_alone":
@@ -227,6 +233,10 @@ def plan(pb, family, args):
     return [(family, lambda: A.arm_kosmos_fused(pb, args.fused_knobs))]
   if family == "kosmos_push":
     return [(family, lambda: A.arm_kosmos_fused(pb, {**args.fused_knobs, "transport": "push"}))]
+  if family == "kosmos_fold":
+    if pb.kernel != "tn_rs":
+      return [(family, lambda: _unavailable("not applicable: push_fold is a GEMM+RS transport"))]
+    return [(family, lambda: A.arm_kosmos_fused(pb, {**args.fused_knobs, "transport": "push_fold"}))]
   if family != "fixed_split":
     return [(family, lambda: getattr(A, f"arm_{family}")(pb))]
   grid = A.num_sms()
@@ -380,11 +390,11 @@ GEMM_BOUND, PALLAS_BAR = 1.15, 1.15
 
 
 def _acceptance_lines(rows, kernel):
-  """The bars for each fused arm measured (pull and push), with the counts they rest on."""
+  """The bars for each fused arm measured (pull, push, push_fold), with the counts they rest on."""
   by = {(r["shape"], r["arm"]): r for r in rows if r["kernel"] == kernel and r["status"] == "ok"}
   shapes = list(dict.fromkeys(r["shape"] for r in rows if r["kernel"] == kernel))
   out = []
-  for arm in ("kosmos_fused", "kosmos_push"):
+  for arm in ("kosmos_fused", "kosmos_push", "kosmos_fold"):
     mine = [s for s in shapes if (s, arm) in by and (s, "xla") in by]
     if not mine:
       continue

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <string>
 #include <type_traits>
@@ -59,6 +60,22 @@ static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n, i
   const int NT = (int)((N + tile_n - 1) / tile_n);
   const int R = std::max((T + kRsMaxBands - 1) / kRsMaxBands, std::min(band_rows, T));
   return RsShape{tp, rank, T, NT, R, 1};
+}
+
+// Fold: steps by which a rank's own band trails its peers' (tp/rs_sched.h).
+// Band b of a peer is published about two grids of tiles after its claim (the
+// tiles in flight, then the engine's one-tile-late tile_done); a step claims
+// tp * R * NT tiles on every rank, so a lag of 2 * grid / (tp * R * NT) steps,
+// plus one, finds it published while its partials are a few MB old (in L2).
+// KOSMOS_RS_FOLD_LAG (read once) overrides it, for measurements.
+static int rs_fold_lag(const RsShape& s, int grid) {
+  static const int forced = [] {
+    const char* v = std::getenv("KOSMOS_RS_FOLD_LAG");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  const int per_step = s.tp * s.R * s.NT, bands = rs_bands(s);
+  const int lag = forced >= 0 ? forced : (2 * grid + per_step - 1) / per_step + 1;
+  return std::min(lag, bands);
 }
 
 // "" or why the heap cannot hold this call's staging (rounded up to whole MiB).
@@ -114,7 +131,7 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
   int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
-  if (shape.fold) red = 0;  // nothing to reduce: every CTA builds (the fold's queue)
+  if (shape.fold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
   if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
     if (grid < 2)
       return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "

@@ -5,7 +5,8 @@
 # thin and wide paper shapes, GEMM+RS first (its cost beyond the GEMM is the
 # larger). No NVLink in any of it (kosmos_jax/_loopback.py). Back in $OUT: env,
 # build and test logs, and per kernel the benchmark's log, CSV and table.
-#   RS_SHAPES, AG_SHAPES   paper shape names (empty: skip);  RS_ARMS, AG_ARMS (default pull,push)
+#   RS_SHAPES, AG_SHAPES   paper shape names (empty: skip);  RS_ARMS (default pull,push,push_fold),
+#   AG_ARMS (default pull,push); KOSMOS_RS_FOLD_LAG overrides the fold lag rule (csrc/tn_rs_cuda.cu)
 #   BUDGET_S=560: the benchmark steps are cut to the time left
 # Never changes clocks or resets a GPU; NVLink multicast stays off.
 set -uo pipefail
@@ -31,5 +32,5 @@ bench() {  # $1 kernel, $2 shapes, $3 arms, $4 share of the time left (percent)
   echo "$1 rc=$? at ${SECONDS}s (124: cut at the budget)"; grep -E "^$1: " "$OUT/loopback_$1.log" | tail -1
   rm -f "$OUT/loopback_$1.md"  # the log has the table; at most 8 files come back
 }
-bench tn_rs "$RS_SHAPES" "${RS_ARMS:-pull,push}" 50
+bench tn_rs "$RS_SHAPES" "${RS_ARMS:-pull,push,push_fold}" 50
 bench ag_tn "$AG_SHAPES" "${AG_ARMS:-pull,push}" 95

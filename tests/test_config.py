@@ -26,6 +26,7 @@ def test_rs_reducers_shrink_with_a_cu_cap():
     (dict(movers=-1), "movers=-1"),
     (dict(switching=1), "switching=1"),
     (dict(transport="nvls"), "transport='nvls'"),
+    (dict(transport="push_fold"), "transport='push_fold'"),  # a GEMM+RS transport
 ])
 def test_ag_config_rejects(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -41,6 +42,9 @@ def test_ag_config_rejects(kw, match):
     (dict(band_rows=65), "band_rows=65"),
     (dict(band_rows=2.0), "band_rows=2.0"),
     (dict(transport="multicast"), "transport='multicast'"),
+    (dict(transport="push_fold", stage="fp32"), "stage='fp32'"),
+    (dict(transport="push_fold", switching=False), "switching=False"),
+    (dict(transport="push_fold", reducers=4), "reducers=4"),
 ])
 def test_rs_config_rejects(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -52,3 +56,5 @@ def test_defaults_are_valid():
   assert config.RsConfig(band_rows=8).band_rows == 8 and config.rs_band_rows(16384, 6656) == 8 and config.rs_band_rows(8192, 1024) == 1
   assert config.AgConfig(movers=0, switching=False).movers == 0
   assert config.AgConfig().transport == "pull" and config.AgConfig(transport="push").transport == "push"
+  assert config.RsConfig(transport="push_fold", reducers=0).transport == "push_fold"
+  assert config.RS_PUSH_ATTR == {"pull": 0, "push": 1, "push_fold": 2}  # csrc/tn_rs_cuda.cu's `push` attribute

@@ -18,16 +18,18 @@
 // its order are the same, so the bits are too. A peer's staging takes pushes of
 // an epoch once the peer announced it free (ready[]): rs_cta_builders_build.
 //
-// Fold (RsShape::fold, push only, Hopper life): nobody reduces. Every rank
-// builds all of its peers' chunks first (band-major, rotated as above), then its
-// own chunk band by band; the epilogue of an own tile waits until every peer
-// has published that band here, adds the peers' pushed partials to its own in
-// rank order and rounds once into Y (the same sum, so the same bits). Our own
-// chunk is never staged, and the reduction rides in the builders' epilogues.
-// Own tiles come last because the engine publishes a band one tile late (after
-// the builder's next mainloop): a peer's band b is complete only well after its
-// tiles were claimed, and own band b, built (tp-1)/tp of the queue later, finds
-// it long published instead of waiting a mainloop for it.
+// Fold (RsShape::fold, push only, Hopper life): nobody reduces. Step s of the
+// queue is the peers' band s (tp - 1 chunks, rotated as above), then our own
+// band s - lag; an own tile waits until every peer has published that band
+// here, adds the peers' pushed partials to its own in rank order and rounds
+// once into Y (the same sum, so the same bits). Our own chunk is never staged,
+// and the reduction rides in the builders' epilogues. The lag (RsShape::lag,
+// csrc/tn_rs_cuda.cu rs_fold_lag) keeps own band b far enough behind the
+// peers' band b that it is published when wanted (bands complete a grid of
+// tiles after their claims, and the engine publishes one tile late), and close
+// enough that the pushed partials are still in L2 when read: with every own
+// band last (lag >= bands) they were read back from DRAM, which cost the
+// one-GPU loopback ~15% on thin K (2026-12-01).
 //
 // Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
 // a band (local or remote) before its own rank has claimed every tile of that
@@ -55,6 +57,7 @@ struct RsShape {
   int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
   int push = 0;  // 1: push transport (rs_cta_builders_build only); 0: pull
   int fold = 0;  // 1 (with push): own chunk folded into the builders' epilogues, no reducers
+  int lag = 0;   // fold: steps by which our own band trails the peers' (>= 0)
 };
 
 struct RsTile {
@@ -81,17 +84,32 @@ KOSMOS_HD inline int rs_chunk_at(const RsShape& s, int i) { return (s.rank + 1 +
 // Fold: whether tile rows of chunk c are summed in their builder's epilogue.
 KOSMOS_HD inline bool rs_folds(const RsShape& s, int c) { return s.fold && c == s.rank; }
 
-// Fold's queue: the peer part (tp - 1 chunks a step, rotated from rank + 1 as
-// rs_build_item), then our own chunk, band-major.
+// Tiles in bands [0, n) of one chunk (n clamped to [0, bands]).
+KOSMOS_HD inline int rs_tiles_in_bands(const RsShape& s, int n) {
+  const int B = rs_bands(s);
+  if (n <= 0) return 0;
+  return n < B ? n * s.R * s.NT : s.T * s.NT;
+}
+// Fold: queue position of step st's first tile (steps 0 .. bands + lag - 1).
+KOSMOS_HD inline int rs_fold_step_begin(const RsShape& s, int st) {
+  return (s.tp - 1) * rs_tiles_in_bands(s, st) + rs_tiles_in_bands(s, st - s.lag);
+}
+
+// Fold's queue item j: the step by binary search over rs_fold_step_begin
+// (monotone), then the peers' band of the step or our own trailing band.
 KOSMOS_HD inline RsTile rs_fold_item(const RsShape& s, int j) {
-  const int peers = (s.tp - 1) * s.T * s.NT;
-  if (j >= peers) {
-    const int q = j - peers, full = s.R * s.NT, b = q / full;
-    return {b, s.rank, q - b * full};
+  int lo = 0, hi = rs_bands(s) + s.lag;  // rs_fold_step_begin(lo) <= j < rs_fold_step_begin(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (rs_fold_step_begin(s, mid) <= j) lo = mid; else hi = mid;
   }
-  const int full = s.R * s.NT * (s.tp - 1), b = j / full;  // only the last step may be short
-  const int q = j - b * full, bt = rs_band_tiles(s, b);
-  return {b, rs_chunk_at(s, q / bt), q % bt};
+  const int q = j - rs_fold_step_begin(s, lo);
+  if (lo < rs_bands(s)) {
+    const int bt = rs_band_tiles(s, lo);
+    if (q < (s.tp - 1) * bt) return {lo, rs_chunk_at(s, q / bt), q % bt};
+    return {lo - s.lag, s.rank, q - (s.tp - 1) * bt};
+  }
+  return {lo - s.lag, s.rank, q};
 }
 
 KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {

@@ -71,6 +71,7 @@ struct Case {
   bool switching = true;        // false: builders stop when the GEMM queue is empty (fixed split)
   int push = 0;                 // RsShape::push (builders_build only); 2: alternate, pull on odd epochs
   bool fold = false;            // push epochs fold (RsShape::fold; reducers must be 0)
+  int lag = 0;                  // fold: RsShape::lag
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -312,7 +313,7 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
   Rank& r = *ranks[rank];
   auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
   for (int it = 0; it < c.epochs; ++it) {
-    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it), push_at(it) && c.fold && c.tp > 1};
+    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it), push_at(it) && c.fold && c.tp > 1, c.lag};
     const bool prev_pull = it > 0 && !push_at(it - 1);
     const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
     std::fill(r.built.begin(), r.built.end(), 0u);
@@ -410,16 +411,19 @@ std::vector<Case> make_cases() {
     cases.push_back({3, 3, 3, 1, 5, 2, 2, 3, 4, 20, true, false, push});  // fixed split
     cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, push});    // one CTA, no delays
   }
-  // Fold (push epochs; alternating with pull for push == 2): every CTA builds.
+  // Fold (push epochs; alternating with pull for push == 2): every CTA builds;
+  // own bands trailing by 0 (the same step), 1, 2 steps or all last (99).
   for (int tp : {2, 3, 4})
     for (int W : {1, 3})
-      for (int push : {1, 2}) {
-        const Dims d = dims[n++ % 4];
-        cases.push_back({tp, W, W, 0, d.T, d.NT, d.R, d.slice, 4, 20, true, true, push, true});
-      }
-  cases.push_back({8, 4, 4, 0, 5, 3, 1, 1, 4, 5, true, true, 1, true});
-  cases.push_back({8, 1, 1, 0, 3, 2, 2, 1, 4, 5, true, true, 2, true});   // one CTA per rank, short last band
-  cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, 1, true});   // one CTA, no delays
+      for (int push : {1, 2})
+        for (int lag : {0, 1, 2, 99}) {
+          const Dims d = dims[n++ % 4];
+          cases.push_back({tp, W, W, 0, d.T, d.NT, d.R, d.slice, 4, 20, true, true, push, true, lag});
+        }
+  cases.push_back({8, 4, 4, 0, 5, 3, 1, 1, 4, 5, true, true, 1, true, 1});
+  cases.push_back({8, 1, 1, 0, 3, 2, 2, 1, 4, 5, true, true, 2, true, 0});  // one CTA per rank, short last band
+  cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, 1, true, 0});  // one CTA, no delays
+  cases.push_back({2, 1, 1, 0, 6, 4, 1, 3, 8, 0, true, true, 1, true, 3});
   return cases;
 }
 
@@ -431,8 +435,8 @@ int main() {
   unsigned seed = 1;
   for (const Case& c : cases) {
     // Named before it runs: a bounded wait that traps leaves this as the last line.
-    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d push=%d fold=%d\n", c.tp, c.W, c.grid,
-                c.reducers, c.T, c.NT, c.R, c.slice, c.push, (int)c.fold);
+    std::printf("case tp=%d W=%d G=%d reducers=%d T=%d NT=%d R=%d slice=%d push=%d fold=%d lag=%d\n", c.tp, c.W,
+                c.grid, c.reducers, c.T, c.NT, c.R, c.slice, c.push, (int)c.fold, c.lag);
     std::fflush(stdout);
     const std::vector<uint64_t> a = run_case(c, seed, seed + 1000);
     if (c.push) {  // the same data pulled: the same bits
