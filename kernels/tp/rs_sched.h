@@ -29,7 +29,7 @@
 // tiles after their claims, and the engine publishes one tile late), and close
 // enough that the pushed partials are still in L2 when read: with every own
 // band last (lag >= bands) they were read back from DRAM, which cost the
-// one-GPU loopback ~15% on thin K (2026-12-01).
+// one-GPU loopback 3-7% on thin K (2026-12-01, benchmarks/RESULTS.md).
 //
 // Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
 // a band (local or remote) before its own rank has claimed every tile of that

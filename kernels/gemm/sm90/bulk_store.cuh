@@ -1,6 +1,5 @@
-// Bulk asynchronous shared <-> global copies (cp.async.bulk, no tensor map):
-// the Hopper epilogue's way out of shared memory (and a combining epilogue's
-// way in, bulk_load). Each copy is a contiguous
+// Bulk asynchronous shared -> global copies (cp.async.bulk, no tensor map):
+// the Hopper epilogue's way out of shared memory. Each copy is a contiguous
 // run of bytes (one output row of a tile), so it needs no descriptor and
 // follows whatever row mapping a fused kernel's hooks choose.
 //
@@ -20,18 +19,6 @@ namespace kosmos::sm90 {
 KOSMOS_DEVICE void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem), "r"(smem_u32(smem)),
                "r"(bytes)
-               : "memory");
-}
-
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
-// to shared memory through the async proxy; completion is counted in
-// transaction bytes on the mbarrier `bar` (the issuer announces them first with
-// mbar_arrive_expect_tx). Global data another thread or GPU wrote needs that
-// writer's release, this thread's acquire and a fence.proxy.async before it.
-KOSMOS_DEVICE void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
 

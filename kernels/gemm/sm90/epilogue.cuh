@@ -104,10 +104,12 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
 // term is in shared memory), accumulating in acc itself: the accumulators are
 // the registers the epilogue has, and per-term branches or a shared-memory pass
 // with 16-byte vectors made ptxas spill 1-3 KB here. Each thread reads only its
-// own fragment's positions, so its staged values need no barrier.
+// own fragment's positions, so its staged values need no barrier. The loads
+// are weak: thread 0's acquire and the barrier after it order them after the
+// writers' release (PTX memory model: causality through the barrier).
 template <class Cfg, class Thr, class Acc, class Src>
 CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, const Thr& thr, Acc& acc, int n, int own, const Src& src) {
-  constexpr int kBatch = 32;  // element pairs in flight per term
+  constexpr int kBatch = 32;  // element pairs in flight per term (8 timed the same)
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int r0 = get<0>(coord(0)), r1 = get<0>(coord(2)), c0 = get<1>(coord(0));
   CUTE_UNROLL
@@ -131,27 +133,6 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, const Thr& thr, Acc& acc, i
         acc(i0 + 2 * b) += v.x, acc(i0 + 2 * b + 1) += v.y;
       }
     }
-  }
-}
-
-// Consumers, two-term combine (combine_tile's n == 2): acc becomes the tile
-// rounded once to bf16 plus the other term, which a bulk load put in s.c
-// ([kBM][kEpiPitch], as stage_tile lays it out), in fp32. Two terms add the
-// same in either order, so this is combine_tile's sum bitwise, whichever term
-// is the tile's own.
-template <class Cfg, class Thr, class Acc>
-CUTE_DEVICE void add_staged_term(SharedStorage<Cfg>& s, const Thr& thr, Acc& acc) {
-  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
-  const uint32_t base = smem_u32(s.c);
-  const uint32_t rows[2] = {base + uint32_t(get<0>(coord(0)) * Cfg::kEpiPitch * 2),
-                            base + uint32_t(get<0>(coord(2)) * Cfg::kEpiPitch * 2)};
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    uint32_t raw;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(raw) : "r"(rows[(i >> 1) & 1] + uint32_t(get<1>(coord(i)) * 2)));
-    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw));
-    acc(i) = __bfloat162float(__float2bfloat16_rn(acc(i))) + v.x;
-    acc(i + 1) = __bfloat162float(__float2bfloat16_rn(acc(i + 1))) + v.y;
   }
 }
 

@@ -142,7 +142,6 @@ struct SharedStorage {
   uint64_t empty[Cfg::kStages];  // stage free again (every consumer warp done reading)
   uint64_t claim_full[2];        // claim slot written by the producer
   uint64_t claim_empty[2];       // claim slot read by every consumer warp
-  uint64_t term_full;            // a combining epilogue's prefetched term landed in c (bulk_load bytes)
   gemm::TileCoord claim[2];
   int claim_valid[2];
 

@@ -53,7 +53,6 @@ struct TileEngine {
         mbar_init(&s.claim_full[i], 1);
         mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps);
       }
-      if constexpr (gemm::combines_v<Hooks>) mbar_init(&s.term_full, 1);  // prefetch_term's arrive_expect_tx
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
       prefetch_tma_descriptor(p.tma_b.get_tma_descriptor());
@@ -164,7 +163,6 @@ struct TileEngine {
   struct InFlight {
     gemm::TileCoord t{0, 0};
     bool valid = false;
-    uint32_t term_phase = 0;  // parity of s.term_full's next phase (combining hooks)
   };
 
   // Consumers, before the staged buffer is written again (or at exit): the
@@ -186,47 +184,18 @@ struct TileEngine {
     f.valid = false;
   }
 
-  // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h), more
-  // than two terms: the wait comes after the mainloop, and the barrier hands
-  // thread 0's acquire to every consumer. The combined tile is staged again in
-  // place of the tile (each thread rewrites only its own positions, which it
-  // alone read).
+  // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h): the
+  // wait comes after the mainloop (and after retire, so no tile_done waits
+  // behind it: tp/rs_sched.h, fold), and the barrier hands thread 0's acquire
+  // to every consumer. The combined tile is staged again in place of the tile
+  // (each thread rewrites only its own positions, which it alone read).
   template <class Thr, class Acc>
   static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, const Thr& thr, Acc& acc, int ctid) {
+    if (!h.combines(t)) return;
     if (ctid == 0) h.before_combine(t);
     named_barrier(kConsumerBarrier, kConsumerThreads);
     combine_tile<Cfg>(s, thr, acc, h.combine_terms(t), h.combine_own(t), [&](int term) { return h.combine_src(t, term); });
     stage_tile<Cfg, OutT>(s, thr, acc);
-  }
-
-  // Whether tile t is combined from two terms, the other one bulk-loaded into
-  // s.c while the tile's mainloop runs (prefetch_term). A load in the epilogue
-  // instead stalled the tensor cores ~6 us a 128x256 tile (one-GPU loopback,
-  // 2026-12-01): combine_tile's loads are 4-byte, latency-bound.
-  static CUTE_DEVICE bool two_terms(const P& p, Hooks& h, gemm::TileCoord t) {
-    if constexpr (gemm::combines_v<Hooks>) {
-      return smem_epilogue(p) && h.combines(t) && h.combine_terms(t) == 2;
-    } else {
-      return false;
-    }
-  }
-
-  // Consumers, before tile t's mainloop: the tile in flight is retired first
-  // (its copies have read s.c, and its tile_done is made), then thread 0 waits
-  // for the other term (acquire), fences the async proxy and bulk-loads it into
-  // s.c row by row; consume_tile waits on s.term_full after the mainloop.
-  // Retiring before the wait matters: a tile_done held back behind a wait on a
-  // peer (whose own wait may be on this tile's band) would be a cycle; this way
-  // no tile_done waits on anything (tp/rs_sched.h, fold).
-  static CUTE_DEVICE void prefetch_term(Hooks& h, S& s, gemm::TileCoord t, InFlight& f, int ctid) {
-    retire<false>(h, f, ctid);
-    if (ctid != 0) return;
-    h.before_combine(t);
-    gemm::async_proxy_fence();
-    const auto* src = reinterpret_cast<const uint16_t*>(h.combine_src(t, 1 - h.combine_own(t)));
-    constexpr uint32_t kRowBytes = Cfg::kBN * 2;
-    mbar_arrive_expect_tx(&s.term_full, Cfg::kBM * kRowBytes);
-    for (int r = 0; r < Cfg::kBM; ++r) bulk_load(s.c + r * Cfg::kEpiPitch, src + r * Cfg::kBN, kRowBytes, &s.term_full);
   }
 
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
@@ -236,32 +205,19 @@ struct TileEngine {
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(ctid);
     Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
-    const bool two = two_terms(p, h, t);
-    if constexpr (gemm::combines_v<Hooks>) {
-      if (two) prefetch_term(h, s, t, f, ctid);
-    }
     mainloop(p, s, ring, thr, acc);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(h, f, ctid);
-        if constexpr (gemm::combines_v<Hooks>) {
-          if (two) {
-            mbar_wait(&s.term_full, f.term_phase, "combine term landed");
-            f.term_phase ^= 1;
-            add_staged_term<Cfg>(s, thr, acc);
-          }
-        }
         stage_tile<Cfg, OutT>(s, thr, acc);
-        if constexpr (gemm::combines_v<Hooks>) {
-          if (!two && h.combines(t)) combine(h, s, t, thr, acc, ctid);
-        }
+        if constexpr (gemm::combines_v<Hooks>) combine(h, s, t, thr, acc, ctid);
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if (ctid < Cfg::kBM) {
           copy_out_row<Cfg, OutT>(p, s, h, t, ctid);
           bulk_commit();
         }
-        f.t = t, f.valid = true;
+        f = InFlight{t, true};
         return;
       }
     }
