@@ -52,6 +52,9 @@ def test_arm_knobs_follow_the_ops_defaults_and_modifiers():
     L.arm_knobs("pull+fp32", "ag_tn", 4096, 768)
   with pytest.raises(ValueError, match="must start with pull or push"):
     L.arm_knobs("fast", "ag_tn", 4096, 768)
+  assert L.arm_knobs("push_fold", "tn_rs", 512, 4096)["push"] == (2,)  # RsConfig's push_fold attribute
+  with pytest.raises(ValueError, match="push_fold, tn_rs only"):
+    L.arm_knobs("push_fold", "ag_tn", 4096, 768)
 
 
 def test_loopback_without_a_gpu_says_why():

@@ -22,6 +22,8 @@ CONFIGS = [  # (dtype, fused kwargs): ops.tn_rs takes cu_cap; `reducers`, `trans
     (np.float32, dict(cu_cap=7)),
     (jnp.bfloat16, dict(transport="push")),
     (jnp.bfloat16, dict(transport="push", cu_cap=1)),
+    (jnp.bfloat16, dict(transport="push_fold")),
+    (jnp.bfloat16, dict(transport="push_fold", cu_cap=1)),
 ]
 CALLS = 4  # back-to-back calls per config and round, one sync at the end
 
@@ -86,10 +88,10 @@ def main():
       err = _rel(got, want)
       assert err <= 1e-5, f"process {pid} round {it} solo call: rel err {err:.3e}"
     shape, n = SHAPES[it % len(SHAPES)]
-    # Push needs the Hopper builders: whole 128-row tiles per rank (every process skips alike).
+    # Push (and push_fold) needs the Hopper builders: whole 128-row tiles per rank (every process skips alike).
     hopper = (shape[-2] // mesh.size) % 128 == 0
     for dtype, kw in CONFIGS:
-      if kw.get("transport") == "push" and not hopper:
+      if kw.get("transport", "pull") != "pull" and not hopper:
         continue
       what = f"process {pid} round {it} {np.dtype(dtype)} {kw} {shape}x{n}"
       ins = [draw(shape, n, dtype) for _ in range(CALLS)]  # fresh inputs every call
@@ -116,7 +118,8 @@ def main():
     x, w = draw(shape, n, jnp.bfloat16)
     runs = [np.asarray(call("fused", kw, x, w).addressable_shards[0].data).view(np.uint16)
             for kw in ({}, dict(cu_cap=1), dict(reducers=0), dict(cu_cap=7, reducers=3), {},
-                       *((dict(transport="push"), dict(transport="push", cu_cap=1)) if hopper else ()))]
+                       *((dict(transport="push"), dict(transport="push", cu_cap=1), dict(transport="push_fold"),
+                          dict(transport="push_fold", cu_cap=1)) if hopper else ()))]
     for j, r in enumerate(runs[1:], 1):
       assert np.array_equal(runs[0], r), (
           f"process {pid} round {it}: bitwise run {j} differs in {np.count_nonzero(runs[0] != r)} elements")

@@ -121,7 +121,7 @@ def test_sm90_back_to_back_fresh_inputs():
     assert_close(y, _oracle(x, w), BF16, what=f"back-to-back call {i}")
 
 
-@pytest.mark.parametrize("transport", ["pull", "push"])
+@pytest.mark.parametrize("transport", ["pull", "push", "push_fold"])
 def test_sm90_scan_200_calls_grid1_and_cap(transport):
   mesh = gpu_mesh(2, hopper=True)
   xs, ws, _ = _specs(2)
@@ -190,3 +190,47 @@ def test_push_needs_hopper_builders():
   f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push"))
   with pytest.raises(Exception, match="transport='push' needs the Hopper builders"):
     f(fresh((200, 256), BF16), fresh((256, 128), BF16)).block_until_ready()
+
+
+# ---- push_fold (RsConfig.transport="push_fold"): pushed partials, no reducers; each
+# owner adds its peers' partials in the epilogue of its own tiles. Same bits again.
+# (Named *push* so that gpu_tp_sp_acceptance.sh's "-k push" step runs them.)
+
+@pytest.mark.parametrize("lead,m,k,n", SHAPES)
+def test_sm90_push_fold_matches_twin_and_oracle(lead, m, k, n):
+  mesh = gpu_mesh(2, hopper=True)
+  _check(mesh, fresh((*lead, m, k), BF16), fresh((k, n), BF16, scale=k ** -0.5), transport="push_fold")
+
+
+def test_sm90_push_fold_bitwise_equals_pull():
+  """Every grid and band height under push_fold gives the bits of the default pull run."""
+  mesh = gpu_mesh(2, hopper=True)
+  x, w = fresh((2560, 512), BF16), fresh((512, 4096), BF16, scale=512 ** -0.5)
+  base = np.asarray(_check(mesh, x, w)).view(np.uint16)
+  for kw in (dict(), dict(cu_cap=1), dict(cu_cap=7), dict(band_rows=4), dict(band_rows=8, cu_cap=1)):
+    got = np.asarray(_check(mesh, x, w, transport="push_fold", **kw)).view(np.uint16)
+    assert np.array_equal(got, base), f"push_fold {kw}: bits differ from pull"
+
+
+def test_sm90_push_fold_push_and_pull_back_to_back():
+  """60 pipelined calls with new inputs, the transport cycling push_fold / pull / push
+  and every fourth call at grid 1: the staging handshake holds across all three."""
+  mesh = gpu_mesh(2, hopper=True)
+  fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: tn_rs_fused(a, b, axis_name="tp", transport=t,
+                                                                 **({"cu_cap": 1} if g else {})))
+         for t in ("push_fold", "pull", "push") for g in (0, 1)}
+  ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(60)]
+  outs = [fns[(("push_fold", "pull", "push")[i % 3], i % 4 == 0)](x, w) for i, (x, w) in enumerate(ins)]
+  for i, ((x, w), y) in enumerate(zip(ins, outs)):
+    assert_close(y, _oracle(x, w), BF16, what=f"push_fold/pull/push call {i}")
+
+
+def test_push_fold_refusals():
+  """push_fold needs the Hopper builders and bf16 staging: clear errors, not a silent pull."""
+  mesh = gpu_mesh(2, hopper=True)
+  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push_fold"))
+  with pytest.raises(Exception, match="transport='push_fold' needs the Hopper builders"):
+    f(fresh((200, 256), BF16), fresh((256, 128), BF16)).block_until_ready()
+  with pytest.raises(ValueError, match="push_fold.*stage='fp32'"):
+    _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push_fold", stage="fp32"))(
+        fresh((512, 256), BF16), fresh((256, 128), BF16))
