@@ -58,7 +58,8 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const int dt = dtype_index(a.dtype);
   if (dt < 0) return ffi::Error::InvalidArgument("kosmos_ag_tn: dtype must be f32, f16 or bf16");
   if (a.push != 0 && a.push != 1)  // (GEMM+RS's push_fold, 2, has no AG counterpart)
-    return ffi::Error::InvalidArgument("kosmos_ag_tn: push=" + std::to_string(a.push) + " must be 0 (pull) or 1 (push)");
+    return ffi::Error::InvalidArgument("kosmos_ag_tn: push=" + std::to_string(a.push) +
+                                       " must be 0 (pull) or 1 (push)");
   const bool sm90 = hopper_builders_apply(dt, ag_tn_sm90_ready(ordinal), K, N, a.x, a.w, a.y);
   if (a.push && tp > 1 && !sm90)
     return ffi::Error::InvalidArgument(

@@ -10,8 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -109,7 +109,8 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const char* transport = a.push == 2 ? "push_fold" : "push";
   if (a.push && tp > 1 && !sm90)
     return ffi::Error::InvalidArgument(
-        std::string("kosmos_tn_rs: transport='") + transport + "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
+        std::string("kosmos_tn_rs: transport='") + transport +
+        "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
         "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
         "these inputs run the portable builders, which support transport='pull' only");
   if (a.push == 2 && tp > 1 && (!a.stage_bf16 || !a.switching))

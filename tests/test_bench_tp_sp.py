@@ -19,7 +19,8 @@ COLUMNS = ["kernel", "shape", "tp", "M", "N", "K", "arm", "variant", "status", "
            "calls", "reps", "tflops", "speedup_vs_xla", "frac_of_floor", "rel_err_vs_xla"]
 ARMS = {"xla", "comm_alone", "gemm_alone_kosmos", "gemm_alone_xla", "pallas_mgpu", "kosmos_unfused",
         "kosmos_fused", "kosmos_push", "kosmos_fold", "fixed_split_56", "fixed_split_best"}
-NEEDS_OP = {"gemm_alone_kosmos": "matmul", "kosmos_unfused": "matmul", "kosmos_fused": None, "kosmos_push": None, "kosmos_fold": None,
+NEEDS_OP = {"gemm_alone_kosmos": "matmul", "kosmos_unfused": "matmul", "kosmos_fused": None, "kosmos_push": None,
+           "kosmos_fold": None,
             "fixed_split_56": None, "fixed_split_best": None}  # None: the row's own kernel
 
 

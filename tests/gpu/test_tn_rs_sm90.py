@@ -170,18 +170,23 @@ def test_sm90_push_bitwise_equals_pull(stage):
     assert np.array_equal(got, base), f"push {kw}: bits differ from pull"
 
 
-def test_sm90_push_and_pull_back_to_back():
-  """60 pipelined calls with new inputs, the transport alternating every call and
-  every third at grid 1: a fast rank's partials of call i+1 must not land in a
-  staging its peer still reduces for call i (ready[] handshake), across transports."""
+def _back_to_back(transports, grid1_every):
+  """60 pipelined calls with new inputs, the transport cycling through `transports`
+  and every `grid1_every`-th call at grid 1: a fast rank's partials of call i+1 must
+  not land in a staging its peer still reads for call i (ready[] handshake), across
+  transports."""
   mesh = gpu_mesh(2, hopper=True)
   fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: tn_rs_fused(a, b, axis_name="tp", transport=t,
                                                                  **({"cu_cap": 1} if g else {})))
-         for t in ("push", "pull") for g in (0, 1)}
+         for t in transports for g in (False, True)}
   ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(60)]
-  outs = [fns[("push" if i % 2 == 0 else "pull", i % 3 == 0)](x, w) for i, (x, w) in enumerate(ins)]
+  outs = [fns[(transports[i % len(transports)], i % grid1_every == 0)](x, w) for i, (x, w) in enumerate(ins)]
   for i, ((x, w), y) in enumerate(zip(ins, outs)):
-    assert_close(y, _oracle(x, w), BF16, what=f"push/pull call {i}")
+    assert_close(y, _oracle(x, w), BF16, what=f"{'/'.join(transports)} call {i}")
+
+
+def test_sm90_push_and_pull_back_to_back():
+  _back_to_back(("push", "pull"), 3)
 
 
 def test_push_needs_hopper_builders():
@@ -213,16 +218,7 @@ def test_sm90_push_fold_bitwise_equals_pull():
 
 
 def test_sm90_push_fold_push_and_pull_back_to_back():
-  """60 pipelined calls with new inputs, the transport cycling push_fold / pull / push
-  and every fourth call at grid 1: the staging handshake holds across all three."""
-  mesh = gpu_mesh(2, hopper=True)
-  fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: tn_rs_fused(a, b, axis_name="tp", transport=t,
-                                                                 **({"cu_cap": 1} if g else {})))
-         for t in ("push_fold", "pull", "push") for g in (0, 1)}
-  ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(60)]
-  outs = [fns[(("push_fold", "pull", "push")[i % 3], i % 4 == 0)](x, w) for i, (x, w) in enumerate(ins)]
-  for i, ((x, w), y) in enumerate(zip(ins, outs)):
-    assert_close(y, _oracle(x, w), BF16, what=f"push_fold/pull/push call {i}")
+  _back_to_back(("push_fold", "pull", "push"), 4)
 
 
 def test_push_fold_refusals():

@@ -221,40 +221,16 @@ struct HostOps {
     }
     return ok;
   }
-  void reduce(const RsSlice& sl) {
-    for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
-      const int tile = sl.band * s.R * s.NT + k;
-      if (!tags_ok(sl.band, k, "before")) continue;
-      jitter();
-      auto src = [&](int r, uint32_t i) {
-        const auto [home, slot] = staged(r, sl.band, k);
-        return ffrom(__atomic_load_n(&home->stage[slot * kElems + i], __ATOMIC_RELAXED));
-      };
-      auto dst = [&](uint32_t i, float sum) {
-        me().sum32[tile * kElems + i] = fbits(sum);
-        me().out[tile * kElems + i] = bf16_rne(sum);
-      };
-      rs_reduce_fixed(s.tp, kElems, 0, 1, src, dst);
-      jitter();  // a peer that reused its staging too early overwrites it now
-      tags_ok(sl.band, k, "after");
-      __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
-    }
-  }
-  // Fold: own tile t of our chunk once every peer has published its band here;
-  // the sum in rank order with our partial in its place (rs_reduce_fixed again).
-  void fold(const RsTile& t) {
-    EMU_CHECK(reducing == false && t.chunk == rank, "rank %d cta %d folds a tile it does not own", rank, cta);
-    for (int src = 0; src < s.tp; ++src)
-      if (src != rank) wait_ge<Scope::kSys>(&ctl(rank).pub[rs_flag_index(t.band, src)], e, g_timeout_ns,
-                                            site("pub(fold)", src));
-    const RsBandTile bt = rs_band_tile_colmajor(s, t.band, t.k);
-    const int k = rs_band_index(s, bt.row, bt.col), tile = t.band * s.R * s.NT + k;
-    const int row = t.band * s.R + bt.row;
-    if (!tags_ok(t.band, k, "before")) return;
+  // Output tile `tile` (band b, tile k of our chunk) as the fixed-order sum of
+  // every rank's partial; own(i), when given, stands in for our partial (fold:
+  // never staged). Tags are checked before and after the read.
+  template <class Own>
+  void sum_tile(int b, int k, int tile, const Own* own) {
+    if (!tags_ok(b, k, "before")) return;
     jitter();
     auto src = [&](int r, uint32_t i) {
-      if (r == rank) return partial(data_seed, e, rank, rank, row, bt.col, (int)i);
-      const auto [home, slot] = staged(r, t.band, k);
+      if (own != nullptr && r == rank) return (*own)(i);
+      const auto [home, slot] = staged(r, b, k);
       return ffrom(__atomic_load_n(&home->stage[slot * kElems + i], __ATOMIC_RELAXED));
     };
     auto dst = [&](uint32_t i, float sum) {
@@ -262,9 +238,25 @@ struct HostOps {
       me().out[tile * kElems + i] = bf16_rne(sum);
     };
     rs_reduce_fixed(s.tp, kElems, 0, 1, src, dst);
-    jitter();
-    tags_ok(t.band, k, "after");
+    jitter();  // a peer that reused its staging too early overwrites it now
+    tags_ok(b, k, "after");
     __atomic_fetch_add(&me().reduced[tile], 1u, __ATOMIC_RELAXED);
+  }
+  void reduce(const RsSlice& sl) {
+    using NoOwn = float (*)(uint32_t);
+    for (int k = sl.k0; k < sl.k0 + sl.n; ++k) sum_tile<NoOwn>(sl.band, k, sl.band * s.R * s.NT + k, nullptr);
+  }
+  // Fold: own tile t of our chunk once every peer has published its band here;
+  // the sum in rank order with our partial in its place.
+  void fold(const RsTile& t) {
+    EMU_CHECK(reducing == false && t.chunk == rank, "rank %d cta %d folds a tile it does not own", rank, cta);
+    for (int src = 0; src < s.tp; ++src)
+      if (src != rank) wait_ge<Scope::kSys>(&ctl(rank).pub[rs_flag_index(t.band, src)], e, g_timeout_ns,
+                                            site("pub(fold)", src));
+    const RsBandTile bt = rs_band_tile_colmajor(s, t.band, t.k);
+    const int k = rs_band_index(s, bt.row, bt.col), row = t.band * s.R + bt.row;
+    auto own = [&](uint32_t i) { return partial(data_seed, e, rank, rank, row, bt.col, (int)i); };
+    sum_tile(t.band, k, t.band * s.R * s.NT + k, &own);
   }
   void finish(int grid) {
     RsCtrl& m = ctl(rank);

@@ -194,7 +194,8 @@ struct TileEngine {
     if (!h.combines(t)) return;
     if (ctid == 0) h.before_combine(t);
     named_barrier(kConsumerBarrier, kConsumerThreads);
-    combine_tile<Cfg>(s, thr, acc, h.combine_terms(t), h.combine_own(t), [&](int term) { return h.combine_src(t, term); });
+    auto src = [&](int term) { return h.combine_src(t, term); };
+    combine_tile<Cfg>(s, thr, acc, h.combine_terms(t), h.combine_own(t), src);
     stage_tile<Cfg, OutT>(s, thr, acc);
   }
 
