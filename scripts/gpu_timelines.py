@@ -5,7 +5,7 @@ written as Chrome-trace JSON and PNG.
 Needs the extension built with tracing:
   pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON
 Usage: python scripts/gpu_timelines.py [--out-dir benchmarks/results] [--m 8192 --k 8192 --n 7168]
-         [--kernels ag_tn,tn_rs] [--loopback TP --arm pull|push[+crewN...]]
+         [--kernels ag_tn,tn_rs] [--loopback TP --arm pull|push|push_fold[+crewN...]]
 (ag_tn: M total rows, K, N per rank; tn_rs: the same M, K per rank = K, N = N).
 --loopback TP: every rank a concurrent launch on GPU 0 with SMs // TP CTAs
 (kosmos_jax/_loopback.py; knobs as benchmarks/loopback.py's --arms); the
@@ -75,7 +75,7 @@ def main():
   ap.add_argument("--n", type=int, default=7168)
   ap.add_argument("--kernels", default="ag_tn,tn_rs")
   ap.add_argument("--loopback", type=int, default=0, help="TP ranks on GPU 0 (0: one rank per local GPU)")
-  ap.add_argument("--arm", default="pull", help="loopback knobs: pull|push[+fp32][+bandsN][+crewN]")
+  ap.add_argument("--arm", default="pull", help="loopback knobs: pull|push|push_fold (RS)[+fp32][+bandsN][+crewN]")
   args = ap.parse_args()
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   mesh = jax.sharding.Mesh(np.array(gpus), ("tp",))
