@@ -147,7 +147,7 @@ class RsConfig:
     writes each partial into its owner's heap (asynchronous copies beside the
     next tile's mainloop) and reducers read only local memory; same sum, same
     bits. "push_fold": push, but nobody reduces. Each rank builds its peers'
-    chunks first and its own chunk last, and the epilogue of each own tile adds
+    chunks and, a few bands behind, its own, and the epilogue of each own tile adds
     the peers' pushed partials (ranks in order, fp32, rounded once: the same
     bits again) and stores Y; its own partials are never staged. Needs
     stage="bf16" and switching=True, and has no reducers (reducers None or 0).

@@ -37,10 +37,14 @@
 // Builds wait on nothing in the current epoch, so every claimed tile completes,
 // and each rank claims its steps in order without needing any peer: the waits
 // for step b form a DAG (reducers -> every rank's step b -> nothing).
-// Fold: an own tile waits on peers' tiles of the peer part of their queues,
-// which wait on nothing; a CTA takes its tiles in claim order and every rank
-// claims its whole peer part before any own tile, so a peer tile is never
-// queued behind a waiting own tile (the DAG is own tiles -> peer tiles -> nothing).
+// Fold, by induction on the band c: an own tile of band c waits only on the
+// peers' tiles of their band c (peer parts), which wait on nothing themselves;
+// a CTA takes its tiles in claim order, so such a tile can be queued only
+// behind tiles claimed before it on its rank: peer-part tiles of bands <= c and
+// own tiles of bands <= c - 1 (lag >= 0: own band b is claimed in step b + lag,
+// after the peer part of that step), which complete by induction. The engine
+// makes a tile's tile_done before the next tile's wait (its retire), so no
+// publish waits on anything.
 #pragma once
 #include <cstdint>
 
