@@ -99,7 +99,8 @@ def arm_knobs(arm, kernel, k, n, cap=None, sms=None) -> dict:
   if kernel == "ag_tn":
     kw["knob"] = config.ag_movers(n)
   else:
-    kw.update(knob=config.rs_reducers(k, cap, sms), stage_bf16=True, band_rows=config.rs_band_rows(n, k))
+    reducers = 0 if transport == "push_fold" else config.rs_reducers(k, cap, sms)  # as tn_rs_fused passes them
+    kw.update(knob=reducers, stage_bf16=True, band_rows=config.rs_band_rows(n, k))
   for m in mods:
     if m == "fp32" and kernel == "tn_rs":
       kw["stage_bf16"] = False
