@@ -22,9 +22,13 @@ CTA); ``plot_timeline`` draws a PNG (x = time, y = CTA, colour = role).
 returns its records; it needs the extension built with ``KOSMOS_TRACE=ON``
 (``pip install --no-build-isolation -e . -Ccmake.define.KOSMOS_TRACE=ON``), and
 raises NotImplementedError otherwise. The fused kernels record: movers' copies
-(move) and the waits for a peer's row (wait); Hopper builders one build span per
-CTA plus each wait for a tile's rows (tile = engine tile row); portable builders
-one build span per tile; reducers one span per slice and their waits.
+(move) and the waits for a peer's row (wait); Hopper AG builders one build span
+per CTA plus each wait for a tile's rows (tile = engine tile row); Hopper RS
+builders four spans per tile (mainloop = build, retiring the previous tile's
+copies and staging = wait, push_fold's combine = reduce, issuing the copies =
+idle; tile = engine tile row << 12 | column) plus the fold's waits for a band;
+portable builders one build span per tile; reducers one span per slice and their
+waits.
 
 Clocks of different GPUs are not synchronised exactly (%globaltimer is per
 device), so spans of different ranks line up only to within their clock skew;

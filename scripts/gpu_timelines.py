@@ -67,6 +67,37 @@ def _records(kernel, args, mesh):
   return recs, dropped, f"TP {mesh.size}"
 
 
+def _tile_phases(recs):
+  """GEMM+RS Hopper builders' per-tile spans (kernels/tp/gemm_rs_sm90.cuh tile_phase), per rank:
+  tiles, mean us of mainloop / retire+stage / combine / copy issue for the tiles that combine
+  (push_fold's own chunk) and for the others, and every CTA's summed time per phase."""
+  lines = []
+  for rank in np.unique(recs["rank"]):
+    r = recs[(recs["rank"] == rank) & (recs["tile"] >= 0)]
+    tiles, band_waits = {}, []
+    for cta in np.unique(r["cta"]):
+      c = r[r["cta"] == cta]
+      c = c[np.argsort(c["start_ns"], kind="stable")]
+      for rec in c:  # the phase spans of a tile chain end to start; a band wait lies inside its combine
+        key = (int(cta), int(rec["tile"]))
+        if rec["role"] == 0:
+          tiles[key] = {"build": rec["end_ns"] - rec["start_ns"], "end": rec["end_ns"]}
+        elif key in tiles and rec["start_ns"] == tiles[key]["end"]:
+          tiles[key][trace.ROLE_NAMES[rec["role"]]] = rec["end_ns"] - rec["start_ns"]
+          tiles[key]["end"] = rec["end_ns"]
+        elif rec["role"] == 3:
+          band_waits.append(rec["end_ns"] - rec["start_ns"])
+    for kind, sel in (("combining", lambda d: "reduce" in d), ("other", lambda d: "reduce" not in d)):
+      ds = [d for d in tiles.values() if sel(d)]
+      if ds:
+        mean = {k: np.mean([d.get(k, 0) for d in ds]) / 1e3 for k in ("build", "wait", "reduce", "idle")}
+        lines.append(f"rank {rank} {kind:9s} tiles {len(ds):5d}: mean us mainloop {mean['build']:.2f} "
+                     f"retire+stage {mean['wait']:.2f} combine {mean['reduce']:.2f} issue {mean['idle']:.2f}")
+    lines.append(f"rank {rank}: run {(r['end_ns'].max() - r['start_ns'].min()) / 1e3:.1f} us, "
+                 f"band waits {len(band_waits)} summing {sum(band_waits) / 1e3:.1f} us")
+  return "\n".join(lines)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out-dir", default="benchmarks/results")
@@ -91,6 +122,8 @@ def main():
                         f"{gpus[0].device_kind}")
     roles = {trace.ROLE_NAMES[r]: int((recs["role"] == r).sum()) for r in np.unique(recs["role"])}
     print(f"{kernel}: {recs.size} records ({dropped} dropped), per role {roles} -> {stem}.png, {stem}.json")
+    if kernel == "tn_rs":
+      print(_tile_phases(recs))
     if os.environ.get("OUT"):
       for ext in ("png", "json"):
         (pathlib.Path(os.environ["OUT"]) / f"{stem.name}.{ext}").write_bytes(pathlib.Path(f"{stem}.{ext}").read_bytes())

@@ -33,6 +33,10 @@
 //                      before_combine (waits, acquiring, for those sources).
 //                      GEMM+RS folds the peers' pushed partials of its own chunk
 //                      in here (tp/gemm_rs_sm90.cuh).
+//  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
+//                      tile t passes each TilePhase, for trace builds' per-tile
+//                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
+//                      so a release build compiles none of it.
 //
 // The Hopper engine loads with TMA (the async proxy). Data another CTA or GPU
 // wrote with ordinary stores is visible to TMA only after the acquiring thread
@@ -69,6 +73,19 @@ template <class H>
 struct combines<H, std::void_t<decltype(H::kCombines)>> : std::bool_constant<H::kCombines> {};
 template <class H>
 inline constexpr bool combines_v = combines<H>::value;
+
+// Where a tile is in the Hopper engine's consumers: its claim read, its
+// mainloop done, its accumulators staged (after the previous tile's copies
+// retired), combined (kCombines tiles only), its stores issued.
+enum class TilePhase : int { kClaimed, kComputed, kStaged, kCombined, kIssued };
+
+// Whether Hooks declares kTraceTiles = true (absent: false, no tile_phase calls).
+template <class H, class = void>
+struct traces_tiles : std::false_type {};
+template <class H>
+struct traces_tiles<H, std::void_t<decltype(H::kTraceTiles)>> : std::bool_constant<H::kTraceTiles> {};
+template <class H>
+inline constexpr bool traces_tiles_v = traces_tiles<H>::value;
 
 // A plain GEMM: nothing to wait for, nothing to publish.
 struct NoHooks {

@@ -117,6 +117,26 @@ struct RsSm90Hooks {
 
   KOSMOS_DEVICE bool combines(gemm::TileCoord t) const { return kFold && t.m / s.T == rank; }
 
+#ifdef KOSMOS_TRACE
+  // Per-tile spans (consumer thread 0 only appends while the engine runs):
+  // mainloop = build, the previous tile's retire and the staging = wait, the
+  // fold's combine = reduce, the copies' issue = idle; tile = engine tile
+  // row << 12 | column.
+  static constexpr bool kTraceTiles = true;
+  uint64_t phase_ns = 0;
+  KOSMOS_DEVICE void tile_phase(gemm::TileCoord t, gemm::TilePhase ph) {
+    const uint64_t now = trace_now();
+    if (ph == gemm::TilePhase::kCombined && !combines(t)) return;
+    if (ph != gemm::TilePhase::kClaimed) {
+      const uint8_t role = ph == gemm::TilePhase::kComputed ? kTraceBuild
+                           : ph == gemm::TilePhase::kStaged ? kTraceWait
+                           : ph == gemm::TilePhase::kCombined ? kTraceReduce : kTraceIdle;
+      trace_append(rs->trace, blockIdx.x, role, phase_ns, now, t.m << 12 | t.n);
+    }
+    phase_ns = now;
+  }
+#endif
+
   // One consumer thread: every peer's partial of this band of our chunk has
   // been pushed here (pub[], released after the pushes' writes completed). The
   // engine's barrier after it orders every consumer's loads behind the acquire.
@@ -175,15 +195,13 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   // waits on the previous launch's readers, never on this epoch.
   KOSMOS_DEVICE void build_all() {
     this->guard_data();
-    const TraceSpan span;
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
     RsSm90Hooks<StageT, kPush, kFold> hooks{&a, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows,
                                             a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
     sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT, kPush, kFold>>::run(pp.g, s, sched, hooks);
-    __syncthreads();  // the engine's warp groups leave at different times
-    if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
+    __syncthreads();  // the engine's warp groups leave at different times (the hooks traced each tile)
   }
 
   KOSMOS_DEVICE void wait_build_claimed(int j) {

@@ -206,18 +206,30 @@ struct TileEngine {
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(ctid);
     Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
+    auto phase = [&](gemm::TilePhase ph) {  // trace builds only (gemm/tile_hooks.h tile_phase)
+      if constexpr (gemm::traces_tiles_v<Hooks>) {
+        if (ctid == 0) h.tile_phase(t, ph);
+      }
+    };
+    phase(gemm::TilePhase::kClaimed);
     mainloop(p, s, ring, thr, acc);
+    phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(h, f, ctid);
         stage_tile<Cfg, OutT>(s, thr, acc);
-        if constexpr (gemm::combines_v<Hooks>) combine(h, s, t, thr, acc, ctid);
+        phase(gemm::TilePhase::kStaged);
+        if constexpr (gemm::combines_v<Hooks>) {
+          combine(h, s, t, thr, acc, ctid);
+          phase(gemm::TilePhase::kCombined);
+        }
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if (ctid < Cfg::kBM) {
           copy_out_row<Cfg, OutT>(p, s, h, t, ctid);
           bulk_commit();
         }
+        phase(gemm::TilePhase::kIssued);
         f = InFlight{t, true};
         return;
       }
@@ -226,6 +238,7 @@ struct TileEngine {
       if (h.combines(t)) __trap();             // (their launchers keep N % 8 == 0)
     }
     store_tile<Cfg, OutT>(p, thr, acc, t, h);
+    phase(gemm::TilePhase::kIssued);
     if constexpr (Hooks::kTileDone) {
       named_barrier(kConsumerBarrier, kConsumerThreads);  // every store of the tile issued
       if (ctid == 0) h.tile_done(t);
