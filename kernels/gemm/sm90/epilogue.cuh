@@ -93,45 +93,83 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
     st_shared_bf16x2(rows[(i >> 1) & 1] + uint32_t(get<1>(coord(i)) * 2), acc(i), acc(i + 1));
 }
 
-// Consumers, after stage_tile: acc becomes the sum of n bf16 tiles in fp32, in
-// the order 0..n-1. Term `own` is this tile as staged in s.c (rounded once);
-// the others are src(term), [kBM][kBN] in global memory, written by other CTAs
-// or GPUs during this launch and acquired before (their writers released them
-// after their copies completed; a barrier hands the acquire to every thread).
-// The sum starts from -0.0f, which adds to any x as x (starting from 0.0f
-// would turn -0.0 into +0.0), so it equals a sum started from term 0 bitwise.
-// One branch-free loop over the terms, through generic pointers (the staged
-// term is in shared memory), accumulating in acc itself: the accumulators are
-// the registers the epilogue has, and per-term branches or a shared-memory pass
-// with 16-byte vectors made ptxas spill 1-3 KB here. Each thread reads only its
-// own fragment's positions, so its staged values need no barrier. The loads
-// are weak: thread 0's acquire and the barrier after it order them after the
-// writers' release (PTX memory model: causality through the barrier).
-template <class Cfg, class Thr, class Acc, class Src>
-CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, const Thr& thr, Acc& acc, int n, int own, const Src& src) {
-  constexpr int kBatch = 32;  // element pairs in flight per term (8 timed the same)
-  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
-  const int r0 = get<0>(coord(0)), r1 = get<0>(coord(2)), c0 = get<1>(coord(0));
+// 16 staged bytes (8 bf16) at shared address `addr`, and back.
+CUTE_DEVICE uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Consumers, after stage_tile and a barrier: the staged tile s.c becomes the
+// sum of n bf16 tiles in fp32, in the order 0..n-1, rounded once. Term `own`
+// is the staged tile itself; the others are src(term), [kBM][kBN] in global
+// memory, written by other CTAs or GPUs during this launch and acquired before
+// (their writers released them after their copies completed; the barrier hands
+// thread 0's acquire to every thread, and the loads bypass L1, as the
+// reducers' do). The sum starts from -0.0f, which adds to any x as x (from
+// 0.0f, -0.0 would become +0.0), so it equals a sum started from term 0 and the
+// reducers' sum bitwise.
+//
+// The accumulators are dead here, so the pass is cooperative in 16-byte
+// vectors: each warp takes whole rows (coalesced 512-byte reads of a source
+// tile, conflict-free ones of the staged row) with kBatch vectors of a term in
+// flight per thread. Each thread rewrites only the vectors it read, so the pass
+// needs no barrier of its own. The first version summed into the fragment
+// (4-byte loads at its positions, beside 128 live accumulators): ptxas kept
+// ~8 loads in flight and a 128x256 tile took ~6.5 us (trace spans, 2026-12-01).
+template <class Cfg, class Src>
+CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, const Src& src) {
+  constexpr int kVec = 8;                              // bf16 per 16-byte vector
+  constexpr int kPerRow = Cfg::kBN / kVec;             // vectors per tile row
+  constexpr int kThreads = 128 * Cfg::kConsumerWGs;
+  constexpr int kPerThread = Cfg::kBM * kPerRow / kThreads;
+  constexpr int kBatch = kPerThread < 4 ? kPerThread : 4;  // 8: ptxas spilled ~430 B more
+  static_assert(Cfg::kBN % kVec == 0 && (Cfg::kBM * kPerRow) % (kThreads * kBatch) == 0, "whole batches per thread");
+  static_assert(kThreads % kPerRow == 0, "a thread's vectors share one column");
+  constexpr int kRowStep = kThreads / kPerRow;  // rows between a thread's vectors
+  // Vector k of this thread: row ctid / kPerRow + k * kRowStep, its column fixed.
+  const uint32_t staged0 = smem_u32(s.c) + uint32_t(((ctid / kPerRow) * Cfg::kEpiPitch + (ctid % kPerRow) * kVec) * 2);
+  constexpr uint32_t kStagedStep = kRowStep * Cfg::kEpiPitch * 2;  // bytes
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) acc(i) = -0.0f;
-  for (int term = 0; term < n; ++term) {
-    const bool staged = term == own;
-    const uint16_t* g = staged ? reinterpret_cast<const uint16_t*>(s.c) : reinterpret_cast<const uint16_t*>(src(term));
-    const int ld = staged ? Cfg::kEpiPitch : Cfg::kBN;
-    const uint16_t* rows[2] = {g + r0 * ld + c0, g + r1 * ld + c0};
+  for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
+    float acc[kBatch][kVec];
     CUTE_UNROLL
-    for (int i0 = 0; i0 < size(acc); i0 += 2 * kBatch) {
-      uint32_t raw[kBatch];
+    for (int u = 0; u < kBatch; ++u)
       CUTE_UNROLL
-      for (int b = 0; b < kBatch; ++b) {
-        const int i = i0 + 2 * b;
-        raw[b] = *reinterpret_cast<const uint32_t*>(rows[(i >> 1) & 1] + (get<1>(coord(i)) - c0));
+      for (int e = 0; e < kVec; ++e) acc[u][e] = -0.0f;
+    for (int term = 0; term < n; ++term) {
+      uint4 raw[kBatch];
+      if (term == own) {  // uniform across the CTA
+        CUTE_UNROLL
+        for (int u = 0; u < kBatch; ++u) raw[u] = ld_shared_v4(staged0 + (b0 + u) * kStagedStep);
+      } else {
+        const uint4* g = reinterpret_cast<const uint4*>(src(term)) + ctid;  // [kBM][kPerRow] vectors
+        CUTE_UNROLL
+        for (int u = 0; u < kBatch; ++u) raw[u] = __ldcg(g + (b0 + u) * kThreads);
       }
       CUTE_UNROLL
-      for (int b = 0; b < kBatch; ++b) {
-        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[b]));
-        acc(i0 + 2 * b) += v.x, acc(i0 + 2 * b + 1) += v.y;
+      for (int u = 0; u < kBatch; ++u) {
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+        CUTE_UNROLL
+        for (int e = 0; e < kVec / 2; ++e) {
+          const float2 f = __bfloat1622float2(h[e]);
+          acc[u][2 * e] += f.x, acc[u][2 * e + 1] += f.y;
+        }
       }
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kBatch; ++u) {
+      uint32_t packed[kVec / 2];
+      CUTE_UNROLL
+      for (int e = 0; e < kVec / 2; ++e) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[u][2 * e], acc[u][2 * e + 1]);
+        memcpy(&packed[e], &h, 4);
+      }
+      st_shared_v4(staged0 + (b0 + u) * kStagedStep, make_uint4(packed[0], packed[1], packed[2], packed[3]));
     }
   }
 }

@@ -187,16 +187,14 @@ struct TileEngine {
   // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h): the
   // wait comes after the mainloop (and after retire, so no tile_done waits
   // behind it: tp/rs_sched.h, fold), and the barrier hands thread 0's acquire
-  // to every consumer. The combined tile is staged again in place of the tile
-  // (each thread rewrites only its own positions, which it alone read).
-  template <class Thr, class Acc>
-  static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, const Thr& thr, Acc& acc, int ctid) {
+  // to every consumer and orders every consumer's staging before the pass,
+  // which rewrites s.c in place (epilogue.cuh combine_tile).
+  static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, int ctid) {
     if (!h.combines(t)) return;
     if (ctid == 0) h.before_combine(t);
     named_barrier(kConsumerBarrier, kConsumerThreads);
     auto src = [&](int term) { return h.combine_src(t, term); };
-    combine_tile<Cfg>(s, thr, acc, h.combine_terms(t), h.combine_own(t), src);
-    stage_tile<Cfg, OutT>(s, thr, acc);
+    combine_tile<Cfg>(s, ctid, h.combine_terms(t), h.combine_own(t), src);
   }
 
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
@@ -220,7 +218,7 @@ struct TileEngine {
         stage_tile<Cfg, OutT>(s, thr, acc);
         phase(gemm::TilePhase::kStaged);
         if constexpr (gemm::combines_v<Hooks>) {
-          combine(h, s, t, thr, acc, ctid);
+          combine(h, s, t, ctid);
           phase(gemm::TilePhase::kCombined);
         }
         smem_to_async_proxy_fence();
