@@ -49,6 +49,12 @@ template <class Cfg, class StageT>
 cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
   RsSm90Params<Cfg> p{rs, {}};
   p.g = sm90::make_params<Cfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
+  if constexpr (Cfg::kSmemEpilogue) {  // bf16 partials leave by TMA store (RsSm90Hooks::store_box)
+    const int slot_rows = rs.tp * rs.shape.T * rs.shape.NT * Cfg::kBM;
+    for (int r = 0; r < rs.tp; ++r)
+      p.stage_map[r] = sm90::make_output_tma<Cfg>(rs.heap[r] + kHeapDataOffset, slot_rows, rs.tile_n, rs.tile_n);
+    p.y_map = sm90::make_output_tma<Cfg>(rs.y, rs.rows, rs.N, rs.N);
+  }
   auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, true> : &tn_rs_sm90_kernel<Cfg, StageT, false>;
   if constexpr (sizeof(StageT) == 2) {
     if (rs.shape.fold) kernel = &tn_rs_sm90_kernel<Cfg, StageT, true, true>;

@@ -18,6 +18,12 @@
 //                      engine's C goes: element (r, c) is stored at
 //                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels
 //                      scatter gathered rows (AG) or stage whole tiles (RS).
+//  store_box(t)        (Hopper staged epilogue, when kMapsRows and kStoreBoxes)
+//                      where tile t leaves by TMA store instead of row_ptr's rows:
+//                      an sm90::StoreBox (a TMA descriptor in parameter space over
+//                      a row-major bf16 matrix, the tile's row and first column
+//                      in it). Hooks without kMapsRows store C through the
+//                      engine's own descriptor (Params::tma_c).
 //  a_source(t, &rows, &tile_m)  (Hopper engine, when kSplitA) the claiming thread,
 //                      before tile t's loads: a pointer to another A's TMA descriptor
 //                      (parameter space) for tile t, with that A's row count and
@@ -73,6 +79,14 @@ template <class H>
 struct combines<H, std::void_t<decltype(H::kCombines)>> : std::bool_constant<H::kCombines> {};
 template <class H>
 inline constexpr bool combines_v = combines<H>::value;
+
+// Whether Hooks declares kStoreBoxes = true (absent: false; mapped rows leave one by one).
+template <class H, class = void>
+struct store_boxes : std::false_type {};
+template <class H>
+struct store_boxes<H, std::void_t<decltype(H::kStoreBoxes)>> : std::bool_constant<H::kStoreBoxes> {};
+template <class H>
+inline constexpr bool store_boxes_v = store_boxes<H>::value;
 
 // Where a tile is in the Hopper engine's consumers: its claim read, its
 // mainloop done, its accumulators staged (after the previous tile's copies

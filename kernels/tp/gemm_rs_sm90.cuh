@@ -28,8 +28,14 @@ namespace kosmos {
 
 template <class Cfg>
 struct RsSm90Params {
+  using TmaC = typename sm90::Params<Cfg>::TmaC;
   RsParams<bf16_t> rs;  // tile_n == Cfg::kBN, shape.NT in units of it
   sm90::Params<Cfg> g;  // TMA over x [tp * rows, K] and W [K, N]
+  // bf16 staging (the staged epilogue): TMA stores into each rank's staging,
+  // as [tp * T * NT * kBM, tile_n] (slot s = rows [s * kBM, (s + 1) * kBM)),
+  // and, for the fold's own tiles, into y [rows, N].
+  TmaC stage_map[kMaxRanks];
+  TmaC y_map;
 };
 
 struct RsSm90Shared {
@@ -62,11 +68,14 @@ struct RsSm90Sched {
 // register budget it had before push existed (its producer thread has 40).
 // kFold (RsShape::fold, with kPush and bf16 staging): own-chunk tiles are
 // combined with the peers' partials in the epilogue and go straight to Y.
-template <class StageT, bool kPush, bool kFold = false>
+template <class Cfg, class StageT, bool kPush, bool kFold = false>
 struct RsSm90Hooks {
   static constexpr bool kTileDone = true, kMapsRows = true, kCombines = kFold;
+  static constexpr bool kStoreBoxes = sizeof(StageT) == 2;  // bf16 partials leave by TMA store (store_box)
   static_assert(!kFold || (kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
+  using TmaC = typename RsSm90Params<Cfg>::TmaC;
   const RsParams<bf16_t>* rs;
+  const RsSm90Params<Cfg>* maps;  // the kernel parameters (stage_map, y_map: TMA reads them there)
   RsCtrl* ctrl;   // ours
   StageT* stage;  // our staging: heap + kHeapDataOffset
   uint64_t epoch, timeout_ns;
@@ -116,6 +125,16 @@ struct RsSm90Hooks {
   }
 
   KOSMOS_DEVICE bool combines(gemm::TileCoord t) const { return kFold && t.m / s.T == rank; }
+
+  // The TMA store of tile t (kStoreBoxes): row_ptr's destination as a box. A
+  // staging slot takes the whole tile (rows past the chunk are never read).
+  KOSMOS_DEVICE sm90::StoreBox<TmaC> store_box(gemm::TileCoord t) const {
+    if (combines(t)) return {&maps->y_map, rows, rs->N, t.m % s.T, t.n * tile_n};
+    const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
+    const RsStaged h = rs_staged(kPush, rank, chunk);
+    const int slot = rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n));
+    return {&maps->stage_map[h.home], s.tp * s.T * s.NT * portable::kBM, tile_n, slot, 0};
+  }
 
 #ifdef KOSMOS_TRACE
   // Per-tile spans (consumer thread 0 only appends while the engine runs):
@@ -197,10 +216,10 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     this->guard_data();
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
-    RsSm90Hooks<StageT, kPush, kFold> hooks{&a, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows,
-                                            a.tile_n, a.rank};
+    using Hooks = RsSm90Hooks<Cfg, StageT, kPush, kFold>;
+    Hooks hooks{&a, &pp, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows, a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
-    sm90::TileEngine<Cfg, EngineOut, RsSm90Hooks<StageT, kPush, kFold>>::run(pp.g, s, sched, hooks);
+    sm90::TileEngine<Cfg, EngineOut, Hooks>::run(pp.g, s, sched, hooks);
     __syncthreads();  // the engine's warp groups leave at different times (the hooks traced each tile)
   }
 

@@ -76,21 +76,47 @@ CUTE_DEVICE void st_shared_bf16x2(uint32_t addr, float v0, float v1) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
 
-// Consumer threads: tile accumulators -> the staged tile s.c [kBM][kEpiPitch],
-// in the fragment's two-rows-per-thread order (see store_tile). The pitch keeps
-// a warp's eight rows on disjoint banks.
-template <class Cfg, class OutT, class Thr, class Acc>
+// Byte offset in s.c of staged element (r, c) (c even), in either layout:
+// kBoxes, the TMA store's kBN / 64 boxes of [kBM][64], 128 bytes a row, whose
+// 16-byte chunk j of row r sits at chunk j ^ (r % 8) (the 128-byte swizzle,
+// Cfg::OutBox; the buffer is 1024-byte aligned); else rows of kEpiPitch.
+template <class Cfg, bool kBoxes>
+CUTE_DEVICE uint32_t staged_offset(int r, int c) {
+  if constexpr (kBoxes) {
+    return uint32_t((c / Cfg::kOutBoxCols) * Cfg::kOutBoxBytes + r * 128 + ((((c / 8) % 8) ^ (r % 8)) * 16) +
+                    (c % 8) * 2);
+  } else {
+    return uint32_t((r * Cfg::kEpiPitch + c) * 2);
+  }
+}
+
+// Consumer threads: tile accumulators -> the staged tile s.c, in the
+// fragment's two-rows-per-thread order (see store_tile). Either layout keeps a
+// warp's eight rows on disjoint banks (the pitch's padding, or the swizzle).
+// In the wgmma accumulator fragment a thread's columns are c0 + 8g and
+// c0 + 8g + 1 with c0 = 2 * (lane % 4) < 8 and g a compile-time index, and its
+// two rows are 8 apart: under the swizzle both rows' chunk g % 8 of box g / 8
+// moves to chunk (g % 8) ^ (r0 % 8), the same for both.
+template <class Cfg, class OutT, bool kBoxes, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   // 32-bit shared addresses: generic 64-bit pointers here cost ptxas ~60
   // registers it did not have beside the accumulators (spills).
   const uint32_t base = smem_u32(s.c);
-  const uint32_t rows[2] = {base + uint32_t(get<0>(coord(0)) * Cfg::kEpiPitch * 2),
-                            base + uint32_t(get<0>(coord(2)) * Cfg::kEpiPitch * 2)};
+  const int r0 = get<0>(coord(0)), c0 = get<1>(coord(0)), x = r0 % 8;
+  const uint32_t rows[2] = {base + staged_offset<Cfg, kBoxes>(r0, c0),
+                            base + staged_offset<Cfg, kBoxes>(get<0>(coord(2)), c0)};
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2)
-    st_shared_bf16x2(rows[(i >> 1) & 1] + uint32_t(get<1>(coord(i)) * 2), acc(i), acc(i + 1));
+  for (int i = 0; i < size(acc); i += 2) {
+    const int dc = get<1>(coord(i)) - c0;  // 8 * g
+    uint32_t off = uint32_t(dc * 2);
+    if constexpr (kBoxes) {
+      const int g = dc / 8;
+      off = uint32_t((g / 8) * Cfg::kOutBoxBytes + ((((g % 8) ^ x) - x) * 16));
+    }
+    st_shared_bf16x2(rows[(i >> 1) & 1] + off, acc(i), acc(i + 1));
+  }
 }
 
 // 16 staged bytes (8 bf16) at shared address `addr`, and back.
@@ -121,7 +147,7 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // needs no barrier of its own. The first version summed into the fragment
 // (4-byte loads at its positions, beside 128 live accumulators): ptxas kept
 // ~8 loads in flight and a 128x256 tile took ~6.5 us (trace spans, 2026-12-01).
-template <class Cfg, class Src>
+template <class Cfg, bool kBoxes, class Src>
 CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, const Src& src) {
   constexpr int kVec = 8;                              // bf16 per 16-byte vector
   constexpr int kPerRow = Cfg::kBN / kVec;             // vectors per tile row
@@ -131,9 +157,10 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, c
   static_assert(Cfg::kBN % kVec == 0 && (Cfg::kBM * kPerRow) % (kThreads * kBatch) == 0, "whole batches per thread");
   static_assert(kThreads % kPerRow == 0, "a thread's vectors share one column");
   constexpr int kRowStep = kThreads / kPerRow;  // rows between a thread's vectors
+  static_assert(!kBoxes || kRowStep % 8 == 0, "a thread's rows share one swizzle phase (r % 8)");
   // Vector k of this thread: row ctid / kPerRow + k * kRowStep, its column fixed.
-  const uint32_t staged0 = smem_u32(s.c) + uint32_t(((ctid / kPerRow) * Cfg::kEpiPitch + (ctid % kPerRow) * kVec) * 2);
-  constexpr uint32_t kStagedStep = kRowStep * Cfg::kEpiPitch * 2;  // bytes
+  const uint32_t staged0 = smem_u32(s.c) + staged_offset<Cfg, kBoxes>(ctid / kPerRow, (ctid % kPerRow) * kVec);
+  constexpr uint32_t kStagedStep = kRowStep * (kBoxes ? 128 : Cfg::kEpiPitch * 2);  // bytes
   CUTE_UNROLL
   for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
     float acc[kBatch][kVec];
@@ -172,6 +199,28 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, c
       st_shared_v4(staged0 + (b0 + u) * kStagedStep, make_uint4(packed[0], packed[1], packed[2], packed[3]));
     }
   }
+}
+
+// Where a staged tile leaves by TMA store: `map` (in parameter space) over a
+// row-major bf16 [rows, cols] matrix, at its tile row `tile_row` (in kBM rows)
+// and from column col0 (a multiple of 64); what lies past the matrix is clipped.
+template <class TmaC>
+struct StoreBox {
+  const TmaC* map;
+  int rows, cols, tile_row, col0;
+};
+
+// One consumer thread: issues the TMA stores of the staged boxes (kBoxes
+// layout, made visible to the async proxy and complete before this) in this
+// thread's bulk group; the caller commits it.
+template <class Cfg, class TmaC>
+CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b) {
+  using Box = Shape<typename Cfg::BM, Int<Cfg::kOutBoxCols>>;
+  Tensor g = local_tile(b.map->get_tma_tensor(make_shape(b.rows, b.cols)), Box{}, make_coord(b.tile_row, _));
+  Tensor sc = make_tensor(make_smem_ptr(reinterpret_cast<bf16*>(s.c)), typename Cfg::OutTile{});  // (kBM, 64, box)
+  auto [tg, ts] = tma_partition(*b.map, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sc), group_modes<0, 2>(g));
+  CUTE_UNROLL
+  for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j) copy(*b.map, ts(_, j), tg(_, b.col0 / Cfg::kOutBoxCols + j));
 }
 
 // One consumer thread per row (row < kBM): copies staged row `row` of tile t to

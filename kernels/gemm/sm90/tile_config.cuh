@@ -77,6 +77,16 @@ struct TileConfig {
   // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
   static constexpr int kEpiPitch = kBN + 8;
   static constexpr int kEpiElems = kSmemEpilogue ? kBM * kEpiPitch : 8;
+  // A tile leaving by TMA store (epilogue.cuh) is staged instead as kBN / 64
+  // boxes of [kBM][64] (128 bytes a row), each in the 128-byte-swizzled layout
+  // the store reads: a warp's eight rows then also land on disjoint banks, and
+  // the tile leaves in kBN / 64 instructions rather than one copy per row.
+  static constexpr int kOutBoxCols = 64;
+  static constexpr int kOutBoxBytes = kBM * kOutBoxCols * 2;
+  using OutTile = SmemRing<gemm::Major::K, kBM, kOutBoxCols, kBN / kOutBoxCols>;  // (kBM, 64, box)
+  using OutBox = decltype(OutTile{}(_, _, Int<0>{}));
+  static_assert(!kSmemEpilogue || (kBN % kOutBoxCols == 0 && kBN / kOutBoxCols * kOutBoxBytes <= kEpiElems * 2),
+                "the swizzled boxes fit the staged buffer");
   static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
 };
 
@@ -108,14 +118,26 @@ auto make_shared_operand_tma(const bf16* p, int rows, int k, int ld) {
   }
 }
 
+// TMA store of staged output boxes (Cfg::OutBox) into a row-major bf16 [rows, cols]
+// matrix with leading dimension ld; boxes past its edge are clipped by TMA.
+template <class Cfg>
+auto make_output_tma(void* p, int rows, int cols, int ld) {
+  Tensor g = make_tensor(make_gmem_ptr(static_cast<bf16*>(p)), make_shape(rows, cols), make_stride(int64_t(ld), _1{}));
+  return make_tma_copy(SM90_TMA_STORE{}, g, typename Cfg::OutBox{});
+}
+
 // Kernel parameters: passed as a __grid_constant__ so the TMA descriptors stay
-// in parameter space, where TMA may read them.
+// in parameter space, where TMA may read them. tma_c (bf16 C, the staged
+// epilogue): the standalone GEMM's way out; fused kernels whose hooks map rows
+// leave it unset and name their own (gemm/tile_hooks.h store_box).
 template <class Cfg>
 struct Params {
   using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaB = decltype(make_shared_operand_tma<Cfg::kMajorB, typename Cfg::RingB, Cfg::kClusterM>(nullptr, 1, 1, 1));
+  using TmaC = decltype(make_output_tma<Cfg>(nullptr, 1, 1, 1));
   TmaA tma_a;
   TmaB tma_b;
+  TmaC tma_c;
   void* c;
   int M, N, K;
 };
@@ -126,9 +148,13 @@ Params<Cfg> make_params(const gemm::Problem& p) {
   const auto* b = static_cast<const bf16*>(p.b);
   const int lda = gemm::leading_dim_a(Cfg::kLayout, p);
   const int ldb = Cfg::kMajorB == gemm::Major::K ? p.K : p.N;
-  return Params<Cfg>{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K, lda),
-                     make_shared_operand_tma<Cfg::kMajorB, typename Cfg::RingB, Cfg::kClusterM>(b, p.N, p.K, ldb), p.c,
-                     p.M, p.N, p.K};
+  Params<Cfg> q{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K, lda),
+                make_shared_operand_tma<Cfg::kMajorB, typename Cfg::RingB, Cfg::kClusterM>(b, p.N, p.K, ldb),
+                {}, p.c, p.M, p.N, p.K};
+  // The staged epilogue stores bf16 C by TMA when N % 8 == 0 (epilogue.cuh
+  // smem_epilogue); a fused kernel passes no C.
+  if (Cfg::kSmemEpilogue && p.c != nullptr && p.N % 8 == 0) q.tma_c = make_output_tma<Cfg>(p.c, p.M, p.N, p.N);
+  return q;
 }
 
 // Shared memory of one CTA. The rings need 1024-byte alignment (the swizzle
@@ -137,7 +163,9 @@ template <class Cfg>
 struct SharedStorage {
   alignas(1024) uint16_t a[cosize_v<typename Cfg::RingA>];
   alignas(1024) uint16_t b[cosize_v<typename Cfg::RingB>];
-  alignas(128) uint16_t c[Cfg::kEpiElems];  // staged output tile [kBM][kEpiPitch] (SmemEpi)
+  // staged output tile (SmemEpi): [kBM][kEpiPitch], or kBN / 64 swizzled boxes
+  // (Cfg::OutBox), whose 128-byte swizzle repeats every 1024 bytes
+  alignas(1024) uint16_t c[Cfg::kEpiElems];
   uint64_t full[Cfg::kStages];   // stage landed (TMA transaction bytes)
   uint64_t empty[Cfg::kStages];  // stage free again (every consumer warp done reading)
   uint64_t claim_full[2];        // claim slot written by the producer

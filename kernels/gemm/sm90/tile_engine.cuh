@@ -158,6 +158,18 @@ struct TileEngine {
   }
 
   static constexpr uint32_t kConsumerThreads = 128 * Cfg::kConsumerWGs;
+  // The staged tile leaves by TMA store (swizzled boxes, one thread issues them)
+  // unless the hooks map rows one by one (epilogue.cuh).
+  static constexpr bool kBoxes = Cfg::kSmemEpilogue && (!Hooks::kMapsRows || gemm::store_boxes_v<Hooks>);
+
+  // Consumer thread 0: the staged tile t's TMA stores, in its bulk group.
+  static CUTE_DEVICE void store_staged(const P& p, S& s, gemm::TileCoord t, Hooks& h) {
+    if constexpr (Hooks::kMapsRows) {
+      store_boxes<Cfg>(s, h.store_box(t));
+    } else {
+      store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN});
+    }
+  }
 
   // A tile whose rows are still being copied out of the staged buffer.
   struct InFlight {
@@ -194,7 +206,7 @@ struct TileEngine {
     if (ctid == 0) h.before_combine(t);
     named_barrier(kConsumerBarrier, kConsumerThreads);
     auto src = [&](int term) { return h.combine_src(t, term); };
-    combine_tile<Cfg>(s, ctid, h.combine_terms(t), h.combine_own(t), src);
+    combine_tile<Cfg, kBoxes>(s, ctid, h.combine_terms(t), h.combine_own(t), src);
   }
 
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
@@ -215,7 +227,7 @@ struct TileEngine {
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(h, f, ctid);
-        stage_tile<Cfg, OutT>(s, thr, acc);
+        stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
         phase(gemm::TilePhase::kStaged);
         if constexpr (gemm::combines_v<Hooks>) {
           combine(h, s, t, ctid);
@@ -223,7 +235,12 @@ struct TileEngine {
         }
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
-        if (ctid < Cfg::kBM) {
+        if constexpr (kBoxes) {
+          if (ctid == 0) {
+            store_staged(p, s, t, h);
+            bulk_commit();
+          }
+        } else if (ctid < Cfg::kBM) {
           copy_out_row<Cfg, OutT>(p, s, h, t, ctid);
           bulk_commit();
         }
