@@ -47,7 +47,7 @@ namespace {
 
 template <class Cfg, class StageT>
 cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
-  RsSm90Params<Cfg> p{rs, {}};
+  RsSm90Params<Cfg> p{rs, {}, {}, {}};
   p.g = sm90::make_params<Cfg>(gemm::Problem{rs.x, rs.w, nullptr, rs.tp * rs.rows, rs.N, rs.K});
   if constexpr (Cfg::kSmemEpilogue) {  // bf16 partials leave by TMA store (RsSm90Hooks::store_box)
     const int slot_rows = rs.tp * rs.shape.T * rs.shape.NT * Cfg::kBM;
