@@ -94,17 +94,7 @@ struct RsSm90Hooks {
   // be read for the previous epoch until the owner announces it free. The
   // producer waits before the tile's loads; the consumers' stores of the tile
   // come after its mainloop, which those loads feed.
-  //
-  // Fold: a tile that combines asks for its peers' partials in L2 now, a
-  // mainloop before its epilogue reads them (whether or not they have landed:
-  // the prefetch is a hint, and the epilogue still waits for pub[]). Without it
-  // the combine's reads took ~6 us a tile in loopback (trace spans, 2026-12-01).
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
-    if constexpr (kFold) {
-      if (combines(t))
-        for (int src = 0; src < s.tp; ++src)
-          if (src != rank) sm90::bulk_prefetch_l2(combine_src(t, src), rs_tile_elems(tile_n) * sizeof(StageT));
-    }
     const int chunk = t.m / s.T;
     if (!kPush || chunk == rank || (ready_seen >> chunk & 1u)) return;
     wait_ge<Scope::kSys>(&ctrl->ready[chunk], epoch, timeout_ns, {"tn_rs_sm90", rank, (int)blockIdx.x, "peer_ready",

@@ -37,13 +37,6 @@ KOSMOS_DEVICE void bulk_wait_writes() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// Asks for `bytes` (a multiple of 16, 16-byte aligned) of global memory to be
-// brought into L2, asynchronously: a hint, with no completion to wait for and
-// nothing to order (L2 is where every SM's and NVLink's accesses meet).
-KOSMOS_DEVICE void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // Orders this thread's generic shared-memory stores before later async-proxy
 // reads of them (the bulk copies another thread issues after a barrier).
 KOSMOS_DEVICE void smem_to_async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
