@@ -1,7 +1,8 @@
 // Bulk asynchronous shared -> global copies (cp.async.bulk, no tensor map):
-// the Hopper epilogue's way out of shared memory. Each copy is a contiguous
-// run of bytes (one output row of a tile), so it needs no descriptor and
-// follows whatever row mapping a fused kernel's hooks choose.
+// the Hopper epilogue's way out of shared memory for tiles whose rows a fused
+// kernel's hooks map one by one (the other tiles leave by TMA store, which uses
+// the same bulk groups: epilogue.cuh). Each copy is a contiguous run of bytes
+// (one output row of a tile), so it needs no descriptor.
 //
 // Completion is per issuing thread, in bulk groups: only the thread that
 // issued a copy can wait for it. Raw PTX, like barrier.cuh.

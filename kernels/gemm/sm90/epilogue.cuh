@@ -1,10 +1,14 @@
 // Epilogue of the Hopper engine: fp32 accumulators rounded once to the output
 // type (bf16 for a finished product, fp32 for partials another pass reduces).
 //
-// Two ways out. With Cfg::kSmemEpilogue (16-bit outputs) the consumers write
-// the tile into a padded shared-memory buffer and one thread per row copies
-// the row out with a bulk async copy (bulk_store.cuh); the copies run while
-// the tensor cores compute the next tile. Storing straight from registers
+// Two ways out. With Cfg::kSmemEpilogue (16-bit outputs) the consumers stage
+// the tile in shared memory and it leaves asynchronously while the tensor
+// cores compute the next tile: as kBN / 64 TMA stores of swizzled boxes issued
+// by one thread (store_boxes: the standalone GEMM, GEMM+RS), or, where hooks
+// map rows one by one (AG+GEMM's gathered output), from a padded buffer with
+// one bulk copy per row (copy_out_row, bulk_store.cuh). One copy per row cost
+// ~2.4 us of issue per 128x256 tile against ~0.8 us for the boxes (trace
+// spans, loopback GEMM+RS, 2026-12-01). Storing straight from registers
 // instead (store_tile: fp32 outputs, or N not a multiple of 8) leaves the
 // tensor cores idle for the whole store, and its 4-byte stores fill only half
 // of every 32-byte sector they touch (with it our GEMM ran at 0.58-0.90x
@@ -144,9 +148,11 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // vectors: each warp takes whole rows (coalesced 512-byte reads of a source
 // tile, conflict-free ones of the staged row) with kBatch vectors of a term in
 // flight per thread. Each thread rewrites only the vectors it read, so the pass
-// needs no barrier of its own. The first version summed into the fragment
-// (4-byte loads at its positions, beside 128 live accumulators): ptxas kept
-// ~8 loads in flight and a 128x256 tile took ~6.5 us (trace spans, 2026-12-01).
+// needs no barrier of its own. Measured per 128x256 tile at TP 2 (trace spans,
+// loopback, 2026-12-01): the first version, which summed into the fragment
+// (4-byte loads at its positions beside 128 live accumulators, ~8 in flight),
+// took ~6.8 us; this one ~5.9 us, L2 prefetch of the source or not. Still a
+// mainloop's worth at K = 512, and not yet explained by its loads or ALU work.
 template <class Cfg, bool kBoxes, class Src>
 CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, const Src& src) {
   constexpr int kVec = 8;                              // bf16 per 16-byte vector
