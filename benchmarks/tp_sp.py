@@ -418,6 +418,24 @@ def _acceptance_lines(rows, kernel):
   return out
 
 
+def _ceiling_line(rows, kernel):
+  """What a fused kernel that hid all communication behind our own GEMM would reach: per
+  shape ceiling = max(our GEMM alone, the collective alone), against XLA's geomean bar and
+  the 1.15x-of-our-GEMM bar. A bar the ceiling misses cannot be met by fusion alone (a
+  faster GEMM, or less data on the link, would be needed)."""
+  by = {(r["shape"], r["arm"]): r["median_ms"] for r in rows if r["kernel"] == kernel and r["status"] == "ok"}
+  shapes = [s for s in dict.fromkeys(r["shape"] for r in rows if r["kernel"] == kernel)
+            if (s, "xla") in by and (s, "gemm_alone_kosmos") in by and (s, "comm_alone") in by]
+  if not shapes:
+    return []
+  ceil = {s: max(by[(s, "gemm_alone_kosmos")], by[(s, "comm_alone")]) for s in shapes}
+  sp = geomean(by[(s, "xla")] / ceil[s] for s in shapes)
+  near = sum(ceil[s] <= GEMM_BOUND * by[(s, "gemm_alone_kosmos")] for s in shapes)
+  return [f"- {kernel} ceiling (all communication hidden behind our GEMM alone, {len(shapes)} shapes): "
+          f"geomean {sp:.3f} x XLA (bar {BARS[kernel]}); {near} / {len(shapes)} shapes can be within "
+          f"{GEMM_BOUND}x of our GEMM alone"]
+
+
 def summarize(rows, args):
   lines = [f"TP = {rows[0]['tp'] if rows else '?'}; dtype {args.dtype}; shapes: "
            + ("smoke (tiny)" if args.smoke else
@@ -427,7 +445,7 @@ def summarize(rows, args):
            "speedup = xla ms / arm ms; frac. of floor = max(best GEMM alone, collective alone) ms / arm ms.", ""]
   for k in args.kernels:
     lines += _arm_table(rows, k) + [""]
-  lines += [x for k in args.kernels for x in _acceptance_lines(rows, k)]
+  lines += [x for k in args.kernels for x in _acceptance_lines(rows, k) + _ceiling_line(rows, k)]
   sw = [x for k in args.kernels for x in _switching_lines(rows, k)]
   lines += sw or ["- fixed split: no shape has both kosmos_fused and a fixed split measured"]
   lines.append("- fixed split: role switching off (switching=False): the crew only moves / reduces, the rest "

@@ -174,3 +174,19 @@ def test_acceptance_lines_apply_issue_6_bars():
   (fused, _) = tp_sp._acceptance_lines(rows, "ag_tn")
   assert "slowest shape 0.968 x XLA (need >= 1): no" in fused and fused.endswith("-> FAIL"), fused
   assert tp_sp._acceptance_lines([r for r in rows if r["arm"] == "xla"], "ag_tn") == []
+
+
+def test_ceiling_line_bounds_the_bars():
+  """The ceiling hides every collective behind our GEMM: xla / max(GEMM, collective) per
+  shape, and how many shapes could be within 1.15x of the GEMM at all."""
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import tp_sp
+
+  def row(shape, arm, ms):
+    return dict(kernel="tn_rs", shape=shape, arm=arm, status="ok", median_ms=ms)
+  rows = [row("a", "xla", 3.0), row("a", "gemm_alone_kosmos", 2.0), row("a", "comm_alone", 1.0),
+          row("b", "xla", 2.0), row("b", "gemm_alone_kosmos", 0.5), row("b", "comm_alone", 1.0)]
+  (line,) = tp_sp._ceiling_line(rows, "tn_rs")
+  # a: 3 / 2 = 1.5; b: 2 / 1 = 2 (link-bound: 2x its GEMM, never within 1.15x)
+  assert "geomean 1.732 x XLA (bar 1.55)" in line and "1 / 2 shapes" in line, line
+  assert tp_sp._ceiling_line([r for r in rows if r["arm"] != "comm_alone"], "tn_rs") == []
