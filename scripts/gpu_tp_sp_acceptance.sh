@@ -3,11 +3,11 @@
 # extension, the one-GPU loopback tests, the push-transport GPU tests (push ran
 # only in loopback, on one GPU, as of 2026-12-01's session 15), the rest of the
 # fused-kernel suites with the time left, then benchmarks/tp_sp.py on every paper shape with the arms that decide the
-# bars (XLA, GEMM alone, fused pull, fused push), cut at the budget. At most 8
+# bars (XLA, the collective alone for the ceiling, GEMM alone, fused pull, push, push_fold), cut at the budget. At most 8
 # files come back from $OUT: env/build/pytest logs, tp_sp.csv, its two plots
 # and tp_sp_summary.md. Carry the nvidia-cutlass wheel in .whl/.
 #   TESTS=...      pytest selection (default: loopback, the push tests, then the fused suites)
-#   SHAPES=all     tp_sp.py --shapes;  ARMS=xla,gemm_alone,kosmos_fused,kosmos_push,kosmos_fold
+#   SHAPES=all     tp_sp.py --shapes;  ARMS=xla,comm_alone,gemm_alone,kosmos_fused,kosmos_push,kosmos_fold
 #   KERNELS=ag_tn,tn_rs;  BUDGET_S=570: a step that would not fit is skipped, and says so
 # Never changes clocks or resets a GPU; NVLink multicast stays off.
 set -uo pipefail
@@ -35,7 +35,7 @@ else
 fi
 if [ "$(left)" -gt 90 ]; then
   timeout $(( $(left) - 20 )) $PY benchmarks/tp_sp.py --kernels "${KERNELS:-ag_tn,tn_rs}" --shapes "${SHAPES:-all}" \
-    --arms "${ARMS:-xla,gemm_alone,kosmos_fused,kosmos_push,kosmos_fold}" --sweep none --budget-s $(( $(left) - 60 )) \
+    --arms "${ARMS:-xla,comm_alone,gemm_alone,kosmos_fused,kosmos_push,kosmos_fold}" --sweep none --budget-s $(( $(left) - 60 )) \
     > "$OUT/tp_sp.log" 2>&1
   echo "tp_sp.py rc=$? at ${SECONDS}s"; grep -E "issue 6 bars|^\| (kosmos|xla|gemm)" "$OUT/tp_sp.log" | head -24
 else
