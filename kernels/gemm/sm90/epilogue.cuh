@@ -85,7 +85,7 @@ CUTE_DEVICE void st_shared_bf16x2(uint32_t addr, float v0, float v1) {
 // 16-byte chunk j of row r sits at chunk j ^ (r % 8) (the 128-byte swizzle,
 // Cfg::OutBox; the buffer is 1024-byte aligned); else rows of kEpiPitch.
 template <class Cfg, bool kBoxes>
-CUTE_DEVICE uint32_t staged_offset(int r, int c) {
+CUTE_HOST_DEVICE uint32_t staged_offset(int r, int c) {
   if constexpr (kBoxes) {
     return uint32_t((c / Cfg::kOutBoxCols) * Cfg::kOutBoxBytes + r * 128 + ((((c / 8) % 8) ^ (r % 8)) * 16) +
                     (c % 8) * 2);
