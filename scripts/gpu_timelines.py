@@ -70,7 +70,7 @@ def _records(kernel, args, mesh):
 def _tile_phases(recs):
   """GEMM+RS Hopper builders' per-tile spans (kernels/tp/gemm_rs_sm90.cuh tile_phase), per rank:
   tiles, mean us of mainloop / retire+stage / combine / copy issue for the tiles that combine
-  (push_fold's own chunk) and for the others, and every CTA's summed time per phase."""
+  (push_fold's own chunk) and for the others, the run's span, and the fold's band waits."""
   lines = []
   for rank in np.unique(recs["rank"]):
     r = recs[(recs["rank"] == rank) & (recs["tile"] >= 0)]

@@ -132,3 +132,28 @@ def test_capture_needs_a_traced_build():
   from kosmos_jax import trace
   with pytest.raises(NotImplementedError, match="KOSMOS_TRACE|CUDA"):
     trace.capture(lambda: 1)
+
+
+def test_tile_phase_summary_of_gemm_rs_spans():
+  """scripts/gpu_timelines.py's per-tile summary (the spans of gemm_rs_sm90.cuh tile_phase):
+  a tile's phases chain end to start; a band wait inside a combine is counted apart."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu_timelines.py"
+  spec = importlib.util.spec_from_file_location("gpu_timelines", path)
+  gt = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(gt)
+  rows, t = [], 1000
+  for cta in range(2):
+    for k in range(4):
+      tile, own = (k << 12) | cta, k % 2 == 0
+      rows.append((t, t + 5000, tile, cta, 0, 0)); t += 5000     # mainloop
+      rows.append((t, t + 500, tile, cta, 0, 3)); t += 500       # retire + stage
+      if own:
+        rows.append((t + 10, t + 110, k, cta, 0, 3))             # band wait, inside the combine
+        rows.append((t, t + 2000, tile, cta, 0, 2)); t += 2000   # combine
+      rows.append((t, t + 300, tile, cta, 0, 4)); t += 300       # copy issue
+  out = gt._tile_phases(np.array(rows, dtype=trace.RECORD_DTYPE))
+  assert "rank 0 combining tiles     4: mean us mainloop 5.00 retire+stage 0.50 combine 2.00 issue 0.30" in out, out
+  assert "rank 0 other     tiles     4: mean us mainloop 5.00 retire+stage 0.50 combine 0.00 issue 0.30" in out, out
+  assert "band waits 4 summing 0.4 us" in out, out
