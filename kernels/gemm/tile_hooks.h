@@ -64,42 +64,26 @@ KOSMOS_DEVICE void async_proxy_fence() {
 #endif
 }
 
-// Whether Hooks declares kSplitA = true (absent: false, every tile reads the Problem's A).
-template <class H, class = void>
-struct split_a : std::false_type {};
-template <class H>
-struct split_a<H, std::void_t<decltype(H::kSplitA)>> : std::bool_constant<H::kSplitA> {};
-template <class H>
-inline constexpr bool split_a_v = split_a<H>::value;
+// name##_v<H>: whether hooks H declare `static constexpr bool Member = true`
+// (absent: false), so hooks name only the capabilities they have.
+#define KOSMOS_HOOK_FLAG(name, Member)                                                          \
+  template <class H, class = void>                                                              \
+  struct name : std::false_type {};                                                             \
+  template <class H>                                                                            \
+  struct name<H, std::void_t<decltype(H::Member)>> : std::bool_constant<H::Member> {};          \
+  template <class H>                                                                            \
+  inline constexpr bool name##_v = name<H>::value;
 
-// Whether Hooks declares kCombines = true (absent: false, tiles leave as computed).
-template <class H, class = void>
-struct combines : std::false_type {};
-template <class H>
-struct combines<H, std::void_t<decltype(H::kCombines)>> : std::bool_constant<H::kCombines> {};
-template <class H>
-inline constexpr bool combines_v = combines<H>::value;
-
-// Whether Hooks declares kStoreBoxes = true (absent: false; mapped rows leave one by one).
-template <class H, class = void>
-struct store_boxes : std::false_type {};
-template <class H>
-struct store_boxes<H, std::void_t<decltype(H::kStoreBoxes)>> : std::bool_constant<H::kStoreBoxes> {};
-template <class H>
-inline constexpr bool store_boxes_v = store_boxes<H>::value;
+KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
+KOSMOS_HOOK_FLAG(combines, kCombines)       // absent: tiles leave as computed
+KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
+KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
+#undef KOSMOS_HOOK_FLAG
 
 // Where a tile is in the Hopper engine's consumers: its claim read, its
 // mainloop done, its accumulators staged (after the previous tile's copies
 // retired), combined (kCombines tiles only), its stores issued.
 enum class TilePhase : int { kClaimed, kComputed, kStaged, kCombined, kIssued };
-
-// Whether Hooks declares kTraceTiles = true (absent: false, no tile_phase calls).
-template <class H, class = void>
-struct traces_tiles : std::false_type {};
-template <class H>
-struct traces_tiles<H, std::void_t<decltype(H::kTraceTiles)>> : std::bool_constant<H::kTraceTiles> {};
-template <class H>
-inline constexpr bool traces_tiles_v = traces_tiles<H>::value;
 
 // A plain GEMM: nothing to wait for, nothing to publish.
 struct NoHooks {

@@ -103,13 +103,19 @@ struct RsSm90Hooks {
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
 
-  // Tile t's staging: at the rank and slot rs_staged() names (ours under pull,
-  // the chunk owner's under push).
-  KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
+  // Tile t's staging: the rank (home) and slot rs_staged() names (ours under
+  // pull, the chunk owner's under push).
+  struct Slot {
+    int home, slot;
+  };
+  KOSMOS_DEVICE Slot slot_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
     const RsStaged h = rs_staged(kPush, rank, chunk);
-    const int slot = rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n));
-    return stage_at(h.home) + (size_t)slot * rs_tile_elems(tile_n);
+    return {h.home, rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n))};
+  }
+  KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
+    const Slot at = slot_of(t);
+    return stage_at(at.home) + (size_t)at.slot * rs_tile_elems(tile_n);
   }
 
   // Engine row r of tile t lands in row r - t.m * kBM of the tile's staging
@@ -130,10 +136,8 @@ struct RsSm90Hooks {
   // staging slot takes the whole tile (rows past the chunk are never read).
   KOSMOS_DEVICE sm90::StoreBox<TmaC> store_box(gemm::TileCoord t) const {
     if (combines(t)) return {&maps->y_map, rows, rs->N, t.m % s.T, t.n * tile_n};
-    const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    const RsStaged h = rs_staged(kPush, rank, chunk);
-    const int slot = rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n));
-    return {&maps->stage_map[h.home], s.tp * s.T * s.NT * portable::kBM, tile_n, slot, 0};
+    const Slot at = slot_of(t);
+    return {&maps->stage_map[at.home], s.tp * s.T * s.NT * portable::kBM, tile_n, at.slot, 0};
   }
 
 #ifdef KOSMOS_TRACE
