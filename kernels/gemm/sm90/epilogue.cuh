@@ -153,6 +153,33 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // (4-byte loads at its positions beside 128 live accumulators, ~8 in flight),
 // took ~6.8 us; this one ~5.9 us, L2 prefetch of the source or not. Still a
 // mainloop's worth at K = 512, and not yet explained by its loads or ALU work.
+// combine_tile with two terms: the staged one and `peer` (this thread's first
+// vector; the next kPerThread - 1 are kThreads vectors apart). Their fp32 sum
+// is the two-term sum in either order (-0.0 + x == x, and an IEEE add
+// commutes), so the pass may issue every load of the peer first: one round
+// trip instead of one per batch.
+template <class Cfg, int kPerThread, int kThreads>
+CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint4* peer) {
+  uint4 raw[kPerThread];
+  CUTE_UNROLL
+  for (int u = 0; u < kPerThread; ++u) raw[u] = __ldcg(peer + u * kThreads);
+  CUTE_UNROLL
+  for (int u = 0; u < kPerThread; ++u) {
+    const uint32_t at = staged0 + u * staged_step;
+    const uint4 mine = ld_shared_v4(at);
+    const auto* a = reinterpret_cast<const __nv_bfloat162*>(&mine);
+    const auto* b = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+    uint32_t packed[4];
+    CUTE_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __bfloat1622float2(a[e]), y = __bfloat1622float2(b[e]);
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x.x + y.x, x.y + y.y);
+      memcpy(&packed[e], &h, 4);
+    }
+    st_shared_v4(at, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+  }
+}
+
 template <class Cfg, bool kBoxes, class Src>
 CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, const Src& src) {
   constexpr int kVec = 8;                              // bf16 per 16-byte vector
@@ -167,6 +194,10 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, c
   // Vector k of this thread: row ctid / kPerRow + k * kRowStep, its column fixed.
   const uint32_t staged0 = smem_u32(s.c) + staged_offset<Cfg, kBoxes>(ctid / kPerRow, (ctid % kPerRow) * kVec);
   constexpr uint32_t kStagedStep = kRowStep * (kBoxes ? 128 : Cfg::kEpiPitch * 2);  // bytes
+  if (n == 2) {  // uniform: one source, all of this thread's vectors of it in flight at once
+    combine_pair<Cfg, kPerThread, kThreads>(staged0, kStagedStep, reinterpret_cast<const uint4*>(src(1 - own)) + ctid);
+    return;
+  }
   CUTE_UNROLL
   for (int b0 = 0; b0 < kPerThread; b0 += kBatch) {
     float acc[kBatch][kVec];
