@@ -1,9 +1,11 @@
 // Host check of the Hopper epilogue's staged-tile addressing (no GPU): the
 // hand-written 128-byte swizzle of epilogue.cuh staged_offset against the CuTe
 // layout the TMA store descriptors are built from (Cfg::OutTile), and the two
-// identities stage_tile and combine_tile rely on. Built by tests/test_sm90_layout.py
+// identities stage_tile and combine_tile rely on (the accumulator fragment's
+// order, the stmatrix row addresses). Built by tests/test_sm90_layout.py
 // with nvcc (CuTe headers from nvidia-cutlass); prints "ok" or the mismatches.
 #include <cstdio>
+#include <type_traits>
 
 #include "gemm/sm90/epilogue.cuh"
 
@@ -27,16 +29,37 @@ int check(const char* name) {
       // combine_tile: a thread's vectors 8 rows apart are 1024 bytes apart (same swizzle phase)
       if (r + 8 < Cfg::kBM && sm90::staged_offset<Cfg, true>(r + 8, c) != got + 1024) fail("row step", r, c, 0, 1);
     }
-  // stage_tile: column c0 + 8g (c0 = 2 * (lane % 4)) at the row's base plus a
-  // compile-time-in-g offset, XORed with the row's phase x = r % 8.
-  for (int r = 0; r < Cfg::kBM; ++r)
-    for (int c0 = 0; c0 < 8; c0 += 2)
-      for (int g = 0; g < Cfg::kBN / 8; ++g) {
-        const int x = r % 8;
-        const long got = sm90::staged_offset<Cfg, true>(r, c0) + (g / 8) * Cfg::kOutBoxBytes + (((g % 8) ^ x) - x) * 16;
-        const long want = sm90::staged_offset<Cfg, true>(r, c0 + 8 * g);
-        if (got != want) fail("stage_tile step", r, c0 + 8 * g, want, got);
-      }
+  // stage_tile: the accumulator fragment's order (index i = column pair + 2 *
+  // row half + 4 * column group, rows 8 apart, a warp's rows 16 from a
+  // multiple of 16) for every consumer thread of the TiledMma.
+  typename Cfg::TiledMma mma;
+  for (int ctid = 0; ctid < 128 * Cfg::kConsumerWGs; ++ctid) {
+    auto coord = mma.get_thread_slice(ctid).partition_C(
+        cute::make_identity_tensor(cute::Shape<typename Cfg::BM, typename Cfg::BN>{}));
+    const int r0 = cute::get<0>(coord(0)), c0 = cute::get<1>(coord(0)), lane = ctid % 32;
+    if (int(cute::size(coord)) != Cfg::kBN / 2 || r0 % 16 != lane / 4 || c0 != 2 * (lane % 4))
+      fail("fragment base", r0, c0, lane, ctid);
+    for (int i = 0; i < int(cute::size(coord)); ++i) {
+      const int r = cute::get<0>(coord(i)), c = cute::get<1>(coord(i));
+      if (r != r0 + 8 * ((i >> 1) & 1) || c != c0 + 8 * (i >> 2) + (i & 1)) fail("fragment order", r, c, i, ctid);
+    }
+  }
+  // stage_tile's stmatrix rows: lane l of the warp at rows rw, step q, names
+  // row rw + l % 16 at column 8 * (2q + l / 16), in either layout.
+  auto rows_at = [&](auto boxes) {
+    constexpr bool kBoxes = decltype(boxes)::value;
+    for (int rw = 0; rw < Cfg::kBM; rw += 16)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int q = 0; q < Cfg::kBN / 16; ++q) {
+          const int r = rw + lane % 16, c = 8 * (2 * q + lane / 16);
+          const long got = sm90::stmatrix_offset<Cfg, kBoxes>(sm90::stmatrix_lane_offset<Cfg, kBoxes>(rw, lane), q);
+          const long want = sm90::staged_offset<Cfg, kBoxes>(r, c);
+          if (got != want) fail(kBoxes ? "stmatrix boxes" : "stmatrix pitch", r, c, want, got);
+          if (got % 16 != 0) fail("stmatrix row alignment", r, c, 0, got);
+        }
+  };
+  rows_at(std::true_type{});
+  rows_at(std::false_type{});
   return bad;
 }
 

@@ -74,12 +74,6 @@ CUTE_DEVICE bool smem_epilogue(const Params<Cfg>& p) {
   }
 }
 
-// Two adjacent outputs rounded to bf16, as one 4-byte store to a shared address.
-CUTE_DEVICE void st_shared_bf16x2(uint32_t addr, float v0, float v1) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
-}
-
 // Byte offset in s.c of staged element (r, c) (c even), in either layout:
 // kBoxes, the TMA store's kBN / 64 boxes of [kBM][64], 128 bytes a row, whose
 // 16-byte chunk j of row r sits at chunk j ^ (r % 8) (the 128-byte swizzle,
@@ -94,32 +88,67 @@ CUTE_HOST_DEVICE uint32_t staged_offset(int r, int c) {
   }
 }
 
-// Consumer threads: tile accumulators -> the staged tile s.c, in the
-// fragment's two-rows-per-thread order (see store_tile). Either layout keeps a
-// warp's eight rows on disjoint banks (the pitch's padding, or the swizzle).
-// In the wgmma accumulator fragment a thread's columns are c0 + 8g and
-// c0 + 8g + 1 with c0 = 2 * (lane % 4) < 8 and g a compile-time index, and its
-// two rows are 8 apart: under the swizzle both rows' chunk g % 8 of box g / 8
-// moves to chunk (g % 8) ^ (r0 % 8), the same for both.
+// stmatrix addressing (stage_tile). A warp's fragment rows start at rw (a
+// multiple of 16); step q of its stores writes accumulator column groups 2q and
+// 2q + 1 (8 columns each) of both row halves as four 8x8 matrices, and lane l
+// names one matrix row: row rw + l % 16 at column 8 * (2q + l / 16). Its byte
+// offset in s.c is a per-lane base (stmatrix_lane_offset) moved by a step that
+// is compile-time in q (stmatrix_offset): under the swizzle, column group
+// 2q + l / 16 of row r sits in chunk (2q % 8) ^ (l / 16) ^ (r % 8) of box q / 4,
+// and XORing the 1024-byte-aligned base's chunk bits with (2q % 8) moves it
+// there (tests/host/sm90_staged_layout.cu checks both against staged_offset).
+template <class Cfg, bool kBoxes>
+CUTE_HOST_DEVICE uint32_t stmatrix_lane_offset(int rw, int lane) {
+  return staged_offset<Cfg, kBoxes>(rw + lane % 16, 8 * (lane / 16));
+}
+template <class Cfg, bool kBoxes>
+CUTE_HOST_DEVICE uint32_t stmatrix_offset(uint32_t lane_at, int q) {
+  if constexpr (kBoxes) {
+    return (lane_at ^ uint32_t((2 * q % 8) * 16)) + uint32_t((q / 4) * Cfg::kOutBoxBytes);
+  } else {
+    return lane_at + uint32_t(32 * q);
+  }
+}
+
+CUTE_DEVICE uint32_t pack_bf16x2(float v0, float v1) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// Four 8x8 bf16 matrices from the warp's registers: lane l's register j holds
+// row l / 4, columns 2 * (l % 4) and + 1 of matrix j (the wgmma accumulator
+// fragment's own order), and lanes 8j..8j+7 name the rows of matrix j.
+CUTE_DEVICE void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// Consumer threads: tile accumulators -> the staged tile s.c, rounded to bf16.
+// A thread's fragment of a 64xBN wgmma accumulator holds rows r and r + 8 of
+// its warp's 16 (accumulator index = column pair + 2 * row half + 4 * column
+// group, the host test checks this against the TiledMma), so eight
+// consecutive accumulators are four whole 8x8 matrices: one stmatrix each,
+// BN / 16 per thread instead of BN / 2 four-byte stores. Either layout keeps
+// the eight rows of a matrix on disjoint banks (the pitch's padding, or the
+// swizzle).
 template <class Cfg, class OutT, bool kBoxes, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
+  static_assert(decltype(size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
+  const int rw = get<0>(coord(0)) & ~15;  // the warp's first row
   // 32-bit shared addresses: generic 64-bit pointers here cost ptxas ~60
   // registers it did not have beside the accumulators (spills).
-  const uint32_t base = smem_u32(s.c);
-  const int r0 = get<0>(coord(0)), c0 = get<1>(coord(0)), x = r0 % 8;
-  const uint32_t rows[2] = {base + staged_offset<Cfg, kBoxes>(r0, c0),
-                            base + staged_offset<Cfg, kBoxes>(get<0>(coord(2)), c0)};
+  const uint32_t lane_at = smem_u32(s.c) + stmatrix_lane_offset<Cfg, kBoxes>(rw, int(threadIdx.x % 32));
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int dc = get<1>(coord(i)) - c0;  // 8 * g
-    uint32_t off = uint32_t(dc * 2);
-    if constexpr (kBoxes) {
-      const int g = dc / 8;
-      off = uint32_t((g / 8) * Cfg::kOutBoxBytes + ((((g % 8) ^ x) - x) * 16));
-    }
-    st_shared_bf16x2(rows[(i >> 1) & 1] + off, acc(i), acc(i + 1));
+  for (int q = 0; q < Cfg::kBN / 16; ++q) {
+    uint32_t r[4];
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
+    stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
   }
 }
 
@@ -157,7 +186,11 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // vector; the next kPerThread - 1 are kThreads vectors apart). Their fp32 sum
 // is the two-term sum in either order (-0.0 + x == x, and an IEEE add
 // commutes), so the pass may issue every load of the peer first: one round
-// trip instead of one per batch.
+// trip instead of one per batch. And it may add in bf16x2 (one instruction per
+// pair, not two widenings, an add and a rounding): the fp32 sum of two bf16
+// values is exact unless their exponents are over 15 apart, and then the
+// smaller is far below half a bf16 ulp of the larger, so rounding it to bf16
+// is the correctly rounded bf16 sum either way (signed zeros alike).
 template <class Cfg, int kPerThread, int kThreads>
 CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint4* peer) {
   uint4 raw[kPerThread];
@@ -172,8 +205,7 @@ CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint
     uint32_t packed[4];
     CUTE_UNROLL
     for (int e = 0; e < 4; ++e) {
-      const float2 x = __bfloat1622float2(a[e]), y = __bfloat1622float2(b[e]);
-      const __nv_bfloat162 h = __floats2bfloat162_rn(x.x + y.x, x.y + y.y);
+      const __nv_bfloat162 h = __hadd2(a[e], b[e]);
       memcpy(&packed[e], &h, 4);
     }
     st_shared_v4(at, make_uint4(packed[0], packed[1], packed[2], packed[3]));
