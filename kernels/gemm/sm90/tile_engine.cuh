@@ -187,12 +187,16 @@ struct TileEngine {
   // held its warp group (so the tensor cores) ~1 us a tile (trace spans,
   // GEMM+RS loopback, 2026-12-01). The publisher waits on nothing but posts, so
   // a posted tile is published whatever the consumers wait on next.
+  // It naps between polls (barrier.cuh mbar_wait): a publish a fraction of a
+  // microsecond late costs nothing (the fold reads a band a step after its
+  // claims), but a spinning warp takes issue slots from a consumer warp.
   static constexpr int kPublisherThread = 32;
+  static constexpr uint32_t kPublisherNapNs = 256;
 
   static CUTE_DEVICE void publish_all(S& s, Hooks& h) {
     Ring box;
     for (;;) {
-      mbar_wait(&s.done_full[box.slot], box.phase, "retired tile posted");
+      mbar_wait(&s.done_full[box.slot], box.phase, "retired tile posted", kPublisherNapNs);
       const gemm::TileCoord t = s.done[box.slot];
       const bool ok = s.done_valid[box.slot] != 0;
       mbar_arrive(&s.done_empty[box.slot]);
