@@ -12,8 +12,10 @@
 //                      the stores are complete. Fused kernels release the
 //                      tile's flag here (GEMM+RS). The Hopper engine's staged
 //                      epilogue calls it one tile late (after the CTA's next
-//                      mainloop, or before the engine returns), so a tile's
-//                      loads must never wait on this CTA's earlier tile_done.
+//                      mainloop, or before the engine returns), and from a
+//                      publisher thread of its own (lane 0 of producer warp 1,
+//                      on the producer's register budget), so a tile's loads
+//                      must never wait on this CTA's earlier tile_done.
 //  row_ptr<OutT>(t, r) (Hopper epilogue, when kMapsRows) where row r of the
 //                      engine's C goes: element (r, c) is stored at
 //                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels

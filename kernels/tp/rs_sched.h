@@ -43,8 +43,9 @@
 // behind tiles claimed before it on its rank: peer-part tiles of bands <= c and
 // own tiles of bands <= c - 1 (lag >= 0: own band b is claimed in step b + lag,
 // after the peer part of that step), which complete by induction. The engine
-// makes a tile's tile_done before the next tile's wait (its retire), so no
-// publish waits on anything.
+// posts a tile to its publisher thread before the next tile's wait (its
+// retire), and the publisher waits on nothing else, so no publish waits on
+// anything.
 #pragma once
 #include <cstdint>
 

@@ -60,10 +60,15 @@ KOSMOS_DEVICE bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // C7510). Where the host set up a mailbox (kosmos/timeout_mailbox.h: the fused
 // kernels) the report goes there first; KOSMOS_SM90_LOUD_WAITS printfs instead
 // (a debug build that accepts the slowdown).
-KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
+//
+// sleep_ns > 0 (a waiter whose latency matters little: the engine's publisher)
+// naps between polls, so its warp leaves the issue slots it shares with a
+// consumer warp to that warp.
+KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what, uint32_t sleep_ns = 0) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t t0 = now_ns();
   for (uint32_t spins = 1;; ++spins) {
+    if (sleep_ns != 0) __nanosleep(sleep_ns);
     if (mbar_try_wait(bar, parity)) return;
     if ((spins & 1023u) == 0 && now_ns() - t0 > kWaitTimeoutNs) {
 #if defined(KOSMOS_SM90_LOUD_WAITS)

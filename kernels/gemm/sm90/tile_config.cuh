@@ -172,6 +172,11 @@ struct SharedStorage {
   uint64_t claim_empty[2];       // claim slot read by every consumer warp
   gemm::TileCoord claim[2];
   int claim_valid[2];
+  uint64_t done_full[2];   // a retired tile posted for the publisher (kTileDone hooks)
+  uint64_t done_empty[2];  // its slot read by the publisher
+  gemm::TileCoord done[2];
+  int done_valid[2];
+  uint32_t done_posts;     // posts so far (consumer thread 0 only: kept here, not in its registers)
 
   CUTE_DEVICE bf16* sa() { return reinterpret_cast<bf16*>(a); }
   CUTE_DEVICE bf16* sb() { return reinterpret_cast<bf16*>(b); }

@@ -52,7 +52,10 @@ struct TileEngine {
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
         mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps);
+        mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
+        mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
+      s.done_posts = 0;
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
       prefetch_tma_descriptor(p.tma_b.get_tma_descriptor());
@@ -177,13 +180,52 @@ struct TileEngine {
     bool valid = false;
   };
 
+  // Hooks that publish tiles (kTileDone) do it from a thread of their own,
+  // lane 0 of producer warp 1, handed each retired tile through a 2-slot
+  // mailbox. tile_done's release fence and its round-trip atomic then run
+  // beside the consumers' next staging and mainloop: on consumer thread 0 they
+  // held its warp group (so the tensor cores) ~1 us a tile (trace spans,
+  // GEMM+RS loopback, 2026-12-01). The publisher waits on nothing but posts, so
+  // a posted tile is published whatever the consumers wait on next.
+  // It naps between polls (barrier.cuh mbar_wait): a publish a fraction of a
+  // microsecond late costs nothing (the fold reads a band a step after its
+  // claims), but a spinning warp takes issue slots from a consumer warp.
+  static constexpr int kPublisherThread = 32;
+  static constexpr uint32_t kPublisherNapNs = 256;
+
+  static CUTE_DEVICE void publish_all(S& s, Hooks& h) {
+    Ring box;
+    for (;;) {
+      mbar_wait(&s.done_full[box.slot], box.phase, "retired tile posted", kPublisherNapNs);
+      const gemm::TileCoord t = s.done[box.slot];
+      const bool ok = s.done_valid[box.slot] != 0;
+      mbar_arrive(&s.done_empty[box.slot]);
+      if (!ok) return;
+      h.tile_done(t);
+      box.advance(2);
+    }
+  }
+
+  // Consumer thread 0: tile t (or, !valid, the end) to the publisher. The
+  // arrive releases at CTA scope what this thread has observed (the tile's
+  // completed copies, and through the consumers' barrier every other
+  // thread's), and tile_done's own release carries it on to the GPU or system.
+  static CUTE_DEVICE void post_done(S& s, gemm::TileCoord t, bool valid) {
+    const uint32_t n = s.done_posts, slot = n & 1u, phase = (n >> 1) & 1u;
+    mbar_wait(&s.done_empty[slot], phase ^ 1, "publisher slot free");
+    s.done[slot] = t;
+    s.done_valid[slot] = valid;
+    s.done_posts = n + 1;
+    mbar_arrive(&s.done_full[slot]);
+  }
+
   // Consumers, before the staged buffer is written again (or at exit): the
   // copies of the tile in flight have read it and, where the hooks publish
-  // tiles (or at exit), have written global memory; then that tile's
-  // tile_done. Publishing one tile late lets the copies overlap the next
+  // tiles (or at exit), have written global memory; then that tile goes to the
+  // publisher. Publishing one tile late lets the copies overlap the next
   // tile's mainloop instead of stalling the tensor cores for their writes.
   template <bool kExit>
-  static CUTE_DEVICE void retire(Hooks& h, InFlight& f, int ctid) {
+  static CUTE_DEVICE void retire(S& s, InFlight& f, int ctid) {
     if constexpr (Hooks::kTileDone || kExit) {
       bulk_wait_writes();
     } else {
@@ -191,14 +233,15 @@ struct TileEngine {
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
     if constexpr (Hooks::kTileDone) {
-      if (ctid == 0 && f.valid) h.tile_done(f.t);
+      if (ctid == 0 && f.valid) post_done(s, f.t, true);
     }
     f.valid = false;
   }
 
   // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h): the
-  // wait comes after the mainloop (and after retire, so no tile_done waits
-  // behind it: tp/rs_sched.h, fold), and the barrier hands thread 0's acquire
+  // wait comes after the mainloop (and after retire, which has posted the
+  // previous tile to the publisher, so no tile_done waits behind it:
+  // tp/rs_sched.h, fold), and the barrier hands thread 0's acquire
   // to every consumer and orders every consumer's staging before the pass,
   // which rewrites s.c in place (epilogue.cuh combine_tile).
   static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, int ctid) {
@@ -226,7 +269,7 @@ struct TileEngine {
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
-        retire<false>(h, f, ctid);
+        retire<false>(s, f, ctid);
         stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
         phase(gemm::TilePhase::kStaged);
         if constexpr (gemm::combines_v<Hooks>) {
@@ -298,7 +341,10 @@ struct TileEngine {
     }
     // The staged buffer is shared memory a fused kernel may reuse after the
     // engine, and the last tile's tile_done is still due.
-    if (smem_epilogue(p)) retire<true>(h, inflight, ctid);
+    if (smem_epilogue(p)) retire<true>(s, inflight, ctid);
+    if constexpr (Hooks::kTileDone) {
+      if (ctid == 0) post_done(s, gemm::TileCoord{0, 0}, false);
+    }
   }
 
   // Entry point for every thread of a CTA of Cfg::kThreads threads. Returns with
@@ -318,6 +364,9 @@ struct TileEngine {
     if (threadIdx.x < 128) {
       regs_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) produce_all(p, s, sched, h);
+      if constexpr (Hooks::kTileDone) {
+        if (threadIdx.x == kPublisherThread) publish_all(s, h);
+      }
       __syncwarp();  // setmaxnreg is warp-aligned: lane 0 rejoins first
       named_barrier(kRegsBackBarrier, Cfg::kThreads);
       regs_alloc<kEvenRegs>();
