@@ -180,8 +180,9 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // needs no barrier of its own. Measured per 128x256 tile at TP 2 (trace spans,
 // loopback, 2026-12-01): the first version, which summed into the fragment
 // (4-byte loads at its positions beside 128 live accumulators, ~8 in flight),
-// took ~6.8 us; this one ~5.9 us, L2 prefetch of the source or not. Still a
-// mainloop's worth at K = 512, and not yet explained by its loads or ALU work.
+// took ~6.8 us; batches of 4 vectors in flight ~5.9 us (an L2 prefetch of the
+// source changed nothing); every vector in flight and bf16x2 adds
+// (combine_pair, TP 2) ~3.5 us, still most of a K = 512 mainloop (~5 us).
 // combine_tile with two terms: the staged one and `peer` (this thread's first
 // vector; the next kPerThread - 1 are kThreads vectors apart). Their fp32 sum
 // is the two-term sum in either order (-0.0 + x == x, and an IEEE add
