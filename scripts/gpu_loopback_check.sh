@@ -8,6 +8,8 @@
 #   RS_SHAPES, AG_SHAPES   paper shape names (empty: skip);  RS_ARMS (default pull,push,push_fold),
 #   AG_ARMS (default pull,push); KOSMOS_RS_FOLD_LAG overrides the fold lag rule (csrc/tn_rs_cuda.cu)
 #   BUDGET_S=560: the benchmark steps are cut to the time left
+#   MATMUL=1: also tests/gpu/test_matmul.py after the loopback tests (an engine change reaches the
+#   standalone GEMM too; ~300 s, cut to leave the benchmarks 200 s), so one call validates a branch
 # Never changes clocks or resets a GPU; NVLink multicast stays off.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 KOSMOS_TIMEOUT_MS=${KOSMOS_TIMEOUT_MS:-3000}
@@ -23,6 +25,12 @@ KOSMOS_TEST_PLATFORMS=cuda,cpu timeout 150 $PY -m pytest -q -x -p no:cacheprovid
   > "$OUT/loopback_tests.log" 2>&1
 echo "loopback tests rc=$? at ${SECONDS}s"; tail -1 "$OUT/loopback_tests.log"
 grep -E "^FAILED|kosmos timeout|^E  " "$OUT/loopback_tests.log" | head -8
+if [ "${MATMUL:-0}" = 1 ] && [ $(( $(left) - 200 )) -gt 30 ]; then
+  KOSMOS_TEST_PLATFORMS=cuda,cpu timeout $(( $(left) - 200 )) $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_matmul.py \
+    > "$OUT/matmul_tests.log" 2>&1
+  echo "matmul tests rc=$? at ${SECONDS}s (124: cut at the budget)"; tail -1 "$OUT/matmul_tests.log"
+  grep -E "^FAILED|^E  " "$OUT/matmul_tests.log" | head -8
+fi
 bench() {  # $1 kernel, $2 shapes, $3 arms, $4 share of the time left (percent)
   [ -n "$2" ] || { echo "skipped $1: no shapes"; return; }
   local t=$(( $(left) * $4 / 100 ))
