@@ -163,26 +163,6 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
-// Consumers, after stage_tile and a barrier: the staged tile s.c becomes the
-// sum of n bf16 tiles in fp32, in the order 0..n-1, rounded once. Term `own`
-// is the staged tile itself; the others are src(term), [kBM][kBN] in global
-// memory, written by other CTAs or GPUs during this launch and acquired before
-// (their writers released them after their copies completed; the barrier hands
-// thread 0's acquire to every thread, and the loads bypass L1, as the
-// reducers' do). The sum starts from -0.0f, which adds to any x as x (from
-// 0.0f, -0.0 would become +0.0), so it equals a sum started from term 0 and the
-// reducers' sum bitwise.
-//
-// The accumulators are dead here, so the pass is cooperative in 16-byte
-// vectors: each warp takes whole rows (coalesced 512-byte reads of a source
-// tile, conflict-free ones of the staged row) with kBatch vectors of a term in
-// flight per thread. Each thread rewrites only the vectors it read, so the pass
-// needs no barrier of its own. Measured per 128x256 tile at TP 2 (trace spans,
-// loopback, 2026-12-01): the first version, which summed into the fragment
-// (4-byte loads at its positions beside 128 live accumulators, ~8 in flight),
-// took ~6.8 us; batches of 4 vectors in flight ~5.9 us (an L2 prefetch of the
-// source changed nothing); every vector in flight and bf16x2 adds
-// (combine_pair, TP 2) ~3.5 us, still most of a K = 512 mainloop (~5 us).
 // combine_tile with two terms: the staged one and `peer` (this thread's first
 // vector; the next kPerThread - 1 are kThreads vectors apart). Their fp32 sum
 // is the two-term sum in either order (-0.0 + x == x, and an IEEE add
@@ -192,7 +172,7 @@ CUTE_DEVICE void st_shared_v4(uint32_t addr, uint4 v) {
 // values is exact unless their exponents are over 15 apart, and then the
 // smaller is far below half a bf16 ulp of the larger, so rounding it to bf16
 // is the correctly rounded bf16 sum either way (signed zeros alike).
-template <class Cfg, int kPerThread, int kThreads>
+template <int kPerThread, int kThreads>
 CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint4* peer) {
   uint4 raw[kPerThread];
   CUTE_UNROLL
@@ -213,6 +193,26 @@ CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint
   }
 }
 
+// Consumers, after stage_tile and a barrier: the staged tile s.c becomes the
+// sum of n bf16 tiles in fp32, in the order 0..n-1, rounded once. Term `own`
+// is the staged tile itself; the others are src(term), [kBM][kBN] in global
+// memory, written by other CTAs or GPUs during this launch and acquired before
+// (their writers released them after their copies completed; the barrier hands
+// thread 0's acquire to every thread, and the loads bypass L1, as the
+// reducers' do). The sum starts from -0.0f, which adds to any x as x (from
+// 0.0f, -0.0 would become +0.0), so it equals a sum started from term 0 and the
+// reducers' sum bitwise.
+//
+// The accumulators are dead here, so the pass is cooperative in 16-byte
+// vectors: each warp takes whole rows (coalesced 512-byte reads of a source
+// tile, conflict-free ones of the staged row) with kBatch vectors of a term in
+// flight per thread. Each thread rewrites only the vectors it read, so the pass
+// needs no barrier of its own. Measured per 128x256 tile at TP 2 (trace spans,
+// loopback, 2026-12-01): the first version, which summed into the fragment
+// (4-byte loads at its positions beside 128 live accumulators, ~8 in flight),
+// took ~6.8 us; batches of 4 vectors in flight ~5.9 us (an L2 prefetch of the
+// source changed nothing); every vector in flight and bf16x2 adds
+// (combine_pair, TP 2) ~3.5 us, still most of a K = 512 mainloop (~5 us).
 template <class Cfg, bool kBoxes, class Src>
 CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, const Src& src) {
   constexpr int kVec = 8;                              // bf16 per 16-byte vector
@@ -228,7 +228,7 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, c
   const uint32_t staged0 = smem_u32(s.c) + staged_offset<Cfg, kBoxes>(ctid / kPerRow, (ctid % kPerRow) * kVec);
   constexpr uint32_t kStagedStep = kRowStep * (kBoxes ? 128 : Cfg::kEpiPitch * 2);  // bytes
   if (n == 2) {  // uniform: one source, all of this thread's vectors of it in flight at once
-    combine_pair<Cfg, kPerThread, kThreads>(staged0, kStagedStep, reinterpret_cast<const uint4*>(src(1 - own)) + ctid);
+    combine_pair<kPerThread, kThreads>(staged0, kStagedStep, reinterpret_cast<const uint4*>(src(1 - own)) + ctid);
     return;
   }
   CUTE_UNROLL
@@ -262,10 +262,7 @@ CUTE_DEVICE void combine_tile(SharedStorage<Cfg>& s, int ctid, int n, int own, c
     for (int u = 0; u < kBatch; ++u) {
       uint32_t packed[kVec / 2];
       CUTE_UNROLL
-      for (int e = 0; e < kVec / 2; ++e) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(acc[u][2 * e], acc[u][2 * e + 1]);
-        memcpy(&packed[e], &h, 4);
-      }
+      for (int e = 0; e < kVec / 2; ++e) packed[e] = pack_bf16x2(acc[u][2 * e], acc[u][2 * e + 1]);
       st_shared_v4(staged0 + (b0 + u) * kStagedStep, make_uint4(packed[0], packed[1], packed[2], packed[3]));
     }
   }
