@@ -41,6 +41,17 @@
 //                      before_combine (waits, acquiring, for those sources).
 //                      GEMM+RS folds the peers' pushed partials of its own chunk
 //                      in here (tp/gemm_rs_sm90.cuh).
+//  try_before_combine(t), prefetch_box(t)  (Hopper staged epilogue, when
+//                      kCombines and kPrefetchCombine) for a combining tile of
+//                      two terms: consumer thread 0 polls try_before_combine
+//                      during tile t's mainloop (it must never wait: it holds a
+//                      warp of the tensor cores' warp group); once it returns
+//                      true, having acquired the other term as before_combine
+//                      would, the engine TMA-loads that term from prefetch_box
+//                      (an sm90::LoadBox) into the staged buffer under the rest
+//                      of the mainloop, and sums it into the tile as it stages
+//                      it. A tile whose term was not ready by then combines as
+//                      above.
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
@@ -79,6 +90,7 @@ KOSMOS_DEVICE void async_proxy_fence() {
 KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
 KOSMOS_HOOK_FLAG(combines, kCombines)       // absent: tiles leave as computed
 KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
+KOSMOS_HOOK_FLAG(prefetches_combine, kPrefetchCombine)  // absent: combine terms are read after the mainloop
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 #undef KOSMOS_HOOK_FLAG
 

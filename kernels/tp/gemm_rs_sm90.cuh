@@ -70,7 +70,7 @@ struct RsSm90Sched {
 // combined with the peers' partials in the epilogue and go straight to Y.
 template <class Cfg, class StageT, bool kPush, bool kFold = false>
 struct RsSm90Hooks {
-  static constexpr bool kTileDone = true, kMapsRows = true, kCombines = kFold;
+  static constexpr bool kTileDone = true, kMapsRows = true, kCombines = kFold, kPrefetchCombine = kFold;
   static constexpr bool kStoreBoxes = sizeof(StageT) == 2;  // bf16 partials leave by TMA store (store_box)
   static_assert(!kFold || (kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
   using TmaC = typename RsSm90Params<Cfg>::TmaC;
@@ -174,15 +174,33 @@ struct RsSm90Hooks {
     }
   }
 
+  // before_combine's acquire without its wait, during the tile's mainloop
+  // (gemm/tile_hooks.h): one poll of each peer's flag.
+  KOSMOS_DEVICE bool try_before_combine(gemm::TileCoord t) const {
+    const int band = (t.m - rank * s.T) / s.R;
+    for (int src = 0; src < s.tp; ++src)
+      if (src != rank && load_acquire<Scope::kSys>(&ctrl->pub[rs_flag_index(band, src)]) < epoch) return false;
+    return true;
+  }
+
+  // The other term of a two-rank fold (the engine prefetches only those): the
+  // peer's partial, pushed into our staging, read through our staging's map.
+  KOSMOS_DEVICE sm90::LoadBox prefetch_box(gemm::TileCoord t) const {
+    return {maps->stage_map[rank].get_tma_descriptor(), staged_slot(t, 1 - rank) * portable::kBM, 0};
+  }
+
   // The fold's terms (gemm/tile_hooks.h combine): every rank's partial of tile
   // t, ranks in order (the reducers' sum, term for term); ours is the engine's
   // own rounded tile, the peers' were pushed into our staging.
   KOSMOS_DEVICE int combine_terms(gemm::TileCoord) const { return s.tp; }
   KOSMOS_DEVICE int combine_own(gemm::TileCoord) const { return rank; }
   KOSMOS_DEVICE const StageT* combine_src(gemm::TileCoord t, int term) const {
+    return stage + (size_t)staged_slot(t, term) * rs_tile_elems(tile_n);
+  }
+  // Our staging slot of rank `term`'s partial of own-chunk tile t.
+  KOSMOS_DEVICE int staged_slot(gemm::TileCoord t, int term) const {
     const int tr = t.m - rank * s.T, band = tr / s.R;
-    const int slot = rs_stage_slot(s, band, term, rs_band_index(s, tr - band * s.R, t.n));
-    return stage + (size_t)slot * rs_tile_elems(tile_n);
+    return rs_stage_slot(s, band, term, rs_band_index(s, tr - band * s.R, t.n));
   }
 
   // One consumer thread after a named barrier over every consumer's stores

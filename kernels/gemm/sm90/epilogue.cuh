@@ -117,12 +117,32 @@ CUTE_DEVICE uint32_t pack_bf16x2(float v0, float v1) {
   return u;
 }
 
+// The bf16x2 sum of two packed pairs, each half correctly rounded (see
+// combine_pair for why that is the two-term fp32 sum rounded once).
+CUTE_DEVICE uint32_t add_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 ha, hb;
+  memcpy(&ha, &a, 4);
+  memcpy(&hb, &b, 4);
+  const __nv_bfloat162 h = __hadd2(ha, hb);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
 // Four 8x8 bf16 matrices from the warp's registers: lane l's register j holds
 // row l / 4, columns 2 * (l % 4) and + 1 of matrix j (the wgmma accumulator
 // fragment's own order), and lanes 8j..8j+7 name the rows of matrix j.
 CUTE_DEVICE void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
                "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// stmatrix_x4's inverse: the same addresses give the same registers.
+CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
                : "memory");
 }
 
@@ -133,8 +153,11 @@ CUTE_DEVICE void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
 // consecutive accumulators are four whole 8x8 matrices: one stmatrix each,
 // BN / 16 per thread instead of BN / 2 four-byte stores. Either layout keeps
 // the eight rows of a matrix on disjoint banks (the pitch's padding, or the
-// swizzle).
-template <class Cfg, class OutT, bool kBoxes, class Thr, class Acc>
+// swizzle). kAddStaged: s.c already holds another bf16 tile of the same layout
+// (a combine term the engine prefetched, tile_engine.cuh), and each element
+// becomes the two-term sum (add_bf16x2): ldmatrix reads it back in the
+// fragment's own order, so the sum costs one load per store.
+template <class Cfg, class OutT, bool kBoxes, bool kAddStaged = false, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
   static_assert(decltype(size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
@@ -148,7 +171,14 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
     uint32_t r[4];
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
-    stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
+    const uint32_t at = stmatrix_offset<Cfg, kBoxes>(lane_at, q);
+    if constexpr (kAddStaged) {
+      uint32_t other[4];
+      ldmatrix_x4(at, other);
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) r[j] = add_bf16x2(r[j], other[j]);
+    }
+    stmatrix_x4(at, r);
   }
 }
 
@@ -181,15 +211,8 @@ CUTE_DEVICE void combine_pair(uint32_t staged0, uint32_t staged_step, const uint
   for (int u = 0; u < kPerThread; ++u) {
     const uint32_t at = staged0 + u * staged_step;
     const uint4 mine = ld_shared_v4(at);
-    const auto* a = reinterpret_cast<const __nv_bfloat162*>(&mine);
-    const auto* b = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-    uint32_t packed[4];
-    CUTE_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const __nv_bfloat162 h = __hadd2(a[e], b[e]);
-      memcpy(&packed[e], &h, 4);
-    }
-    st_shared_v4(at, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+    st_shared_v4(at, make_uint4(add_bf16x2(mine.x, raw[u].x), add_bf16x2(mine.y, raw[u].y),
+                                add_bf16x2(mine.z, raw[u].z), add_bf16x2(mine.w, raw[u].w)));
   }
 }
 
@@ -288,6 +311,29 @@ CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b) {
   auto [tg, ts] = tma_partition(*b.map, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sc), group_modes<0, 2>(g));
   CUTE_UNROLL
   for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j) copy(*b.map, ts(_, j), tg(_, b.col0 / Cfg::kOutBoxCols + j));
+}
+
+// Where a bf16 [kBM][kBN] tile is TMA-loaded from into the staged buffer:
+// `desc`, a CUtensorMap over a row-major bf16 matrix whose box is Cfg::OutBox
+// with the 128-byte swizzle (a make_output_tma descriptor: a tensor map names
+// no direction), in parameter, constant or global memory; the tile's first
+// row and column (a multiple of 64) in it. TMA counts a box's out-of-bounds
+// elements too (zero-filled), so every load lands kBM * kBN * 2 bytes.
+struct LoadBox {
+  const void* desc;
+  int row0, col0;
+};
+
+// One thread: the kBN / 64 boxes of b into s.c (the kBoxes layout, the one
+// store_boxes reads, so the tile lands where stage_tile puts its own), each
+// completing on `bar`, whose expected bytes the caller has announced.
+template <class Cfg>
+CUTE_DEVICE void load_boxes(SharedStorage<Cfg>& s, const LoadBox& b, uint64_t* bar) {
+  constexpr uint64_t kEvictNormal = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
+  CUTE_UNROLL
+  for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j)
+    SM90_TMA_LOAD_2D::copy(b.desc, bar, kEvictNormal, reinterpret_cast<char*>(s.c) + j * Cfg::kOutBoxBytes,
+                           b.col0 + j * Cfg::kOutBoxCols, b.row0);
 }
 
 // One consumer thread per row (row < kBM): copies staged row `row` of tile t to

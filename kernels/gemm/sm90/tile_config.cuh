@@ -177,6 +177,8 @@ struct SharedStorage {
   gemm::TileCoord done[2];
   int done_valid[2];
   uint32_t done_posts;     // posts so far (consumer thread 0 only: kept here, not in its registers)
+  uint64_t c_ready;        // a combine term TMA-loaded into c landed (kPrefetchCombine hooks)
+  int c_loaded;            // consumer thread 0: whether this tile's term was loaded into c
 
   CUTE_DEVICE bf16* sa() { return reinterpret_cast<bf16*>(a); }
   CUTE_DEVICE bf16* sb() { return reinterpret_cast<bf16*>(b); }

@@ -55,6 +55,7 @@ struct TileEngine {
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
+      mbar_init(&s.c_ready, 1);  // consumer thread 0's arrive_expect_tx (kPrefetch)
       s.done_posts = 0;
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
@@ -129,8 +130,11 @@ struct TileEngine {
 
   // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
   // batch in flight so the tensor cores never wait for the release handshake.
-  template <class Thr, class Acc>
-  static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, const Thr& thr, Acc& acc) {
+  // at_k(k, kblocks) runs on every consumer thread once k-block k's batch is
+  // in flight and k - 1's stage released (a place for one thread's short side
+  // work: the tensor cores have a batch to chew on).
+  template <class Thr, class Acc, class AtK>
+  static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, const Thr& thr, Acc& acc, const AtK& at_k) {
     typename Cfg::TiledMma mma;
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
@@ -152,6 +156,7 @@ struct TileEngine {
       warpgroup_wait<1>();  // the previous k-block's batch is done: free its stage
       warpgroup_fence_operand(acc);
       if (prev >= 0) release(s, prev);
+      at_k(k, kblocks);
       prev = ring.slot;
       ring.advance(kStages);
     }
@@ -174,10 +179,12 @@ struct TileEngine {
     }
   }
 
-  // A tile whose rows are still being copied out of the staged buffer.
+  // A tile whose rows are still being copied out of the staged buffer, and
+  // the parity of the next c_ready phase (kPrefetch).
   struct InFlight {
     gemm::TileCoord t{0, 0};
     bool valid = false;
+    uint32_t c_phase = 0;
   };
 
   // Hooks that publish tiles (kTileDone) do it from a thread of their own,
@@ -252,6 +259,65 @@ struct TileEngine {
     combine_tile<Cfg, kBoxes>(s, ctid, h.combine_terms(t), h.combine_own(t), src);
   }
 
+  // Two-term combines (kPrefetchCombine hooks) load their other term into s.c
+  // under the mainloop instead of reading it from global memory after it: the
+  // 64 KB of loads the combine waited for after the mainloop (~3.5 us a
+  // 128x256 tile, most of a K = 512 mainloop: trace spans, loopback GEMM+RS,
+  // 2026-12-01) then land while the tensor cores still work, and the sum rides
+  // on the staging (stage_tile kAddStaged). Consumer thread 0 owns the previous
+  // tile's stores' bulk group, so it alone can know s.c is free; it tries at a
+  // quarter and at half of the k-blocks, never waiting on the peers (its warp
+  // is a quarter of a tensor-core warp group), and a tile whose term was not
+  // ready by then combines after the mainloop as before.
+  static constexpr bool kPrefetch = kBoxes && gemm::combines_v<Hooks> && gemm::prefetches_combine_v<Hooks>;
+  static constexpr uint32_t kTileBytes = Cfg::kBM * Cfg::kBN * 2;
+
+  static CUTE_DEVICE bool prefetches(Hooks& h, gemm::TileCoord t) {
+    if constexpr (kPrefetch) {
+      return h.combines(t) && h.combine_terms(t) == 2;
+    } else {
+      return false;
+    }
+  }
+
+  // Consumer thread 0, tile t's mainloop: whether the other term is now on its
+  // way into s.c, completing c_ready.
+  static CUTE_DEVICE bool try_prefetch(S& s, gemm::TileCoord t, Hooks& h) {
+    if constexpr (kPrefetch) {
+      bulk_wait_reads();  // the previous tile's stores have read s.c (quick by now: issued a quarter-tile ago)
+      if (!h.try_before_combine(t)) return false;
+      gemm::async_proxy_fence();  // the acquire covers TMA's reads of the term
+      mbar_arrive_expect_tx(&s.c_ready, kTileBytes);
+      load_boxes<Cfg>(s, h.prefetch_box(t), &s.c_ready);
+      return true;
+    } else {
+      return false;
+    }
+  }
+
+  // Consumers, after retire: tile t staged into s.c, and combined where the
+  // hooks say so (the prefetched term summed in as it is staged).
+  template <class Thr, class Acc, class Phase>
+  static CUTE_DEVICE void stage_combined(S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f, const Thr& thr,
+                                         const Acc& acc, const Phase& phase) {
+    if constexpr (kPrefetch) {
+      if (prefetches(h, t) && s.c_loaded) {  // uniform: thread 0 wrote it before retire's barrier
+        mbar_wait(&s.c_ready, f.c_phase, "prefetched combine term landed");
+        f.c_phase ^= 1;
+        stage_tile<Cfg, OutT, kBoxes, /*kAddStaged=*/true>(s, thr, acc);
+        phase(gemm::TilePhase::kStaged);
+        phase(gemm::TilePhase::kCombined);
+        return;
+      }
+    }
+    stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
+    phase(gemm::TilePhase::kStaged);
+    if constexpr (gemm::combines_v<Hooks>) {
+      combine(h, s, t, ctid);
+      phase(gemm::TilePhase::kCombined);
+    }
+  }
+
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
   // the thread's index among the consumer threads.
   static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid,
@@ -265,17 +331,19 @@ struct TileEngine {
       }
     };
     phase(gemm::TilePhase::kClaimed);
-    mainloop(p, s, ring, thr, acc);
+    const bool pre = prefetches(h, t) && ctid == 0;
+    bool loaded = false;
+    mainloop(p, s, ring, thr, acc, [&](int k, int kblocks) {
+      if (pre && !loaded && (k == kblocks / 4 || k == kblocks / 2)) loaded = try_prefetch(s, t, h);
+    });
+    if constexpr (kPrefetch) {
+      if (ctid == 0) s.c_loaded = loaded;
+    }
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(s, f, ctid);
-        stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
-        phase(gemm::TilePhase::kStaged);
-        if constexpr (gemm::combines_v<Hooks>) {
-          combine(h, s, t, ctid);
-          phase(gemm::TilePhase::kCombined);
-        }
+        stage_combined(s, t, h, ctid, f, thr, acc, phase);
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if constexpr (kBoxes) {
@@ -288,7 +356,7 @@ struct TileEngine {
           bulk_commit();
         }
         phase(gemm::TilePhase::kIssued);
-        f = InFlight{t, true};
+        f.t = t, f.valid = true;
         return;
       }
     }
