@@ -43,14 +43,14 @@
 //                      in here (tp/gemm_rs_sm90.cuh).
 //  try_before_combine(t), prefetch_box(t)  (Hopper staged epilogue, when
 //                      kCombines and kPrefetchCombine) for a combining tile of
-//                      two terms: consumer thread 0 polls try_before_combine
-//                      during tile t's mainloop (it must never wait: it holds a
-//                      warp of the tensor cores' warp group); once it returns
-//                      true, having acquired the other term as before_combine
-//                      would, the engine TMA-loads that term from prefetch_box
-//                      (an sm90::LoadBox) into the staged buffer under the rest
-//                      of the mainloop, and sums it into the tile as it stages
-//                      it. A tile whose term was not ready by then combines as
+//                      two terms: the producer thread, once it has issued tile
+//                      t's loads, polls try_before_combine once (it must not
+//                      wait: the next tile's loads wait behind it); if it
+//                      returns true, having acquired the other term as
+//                      before_combine would, the engine TMA-loads that term
+//                      from prefetch_box (an sm90::LoadBox) into the staged
+//                      buffer under the rest of the mainloop and sums it into
+//                      the tile as it stages it. Otherwise the tile combines as
 //                      above.
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile

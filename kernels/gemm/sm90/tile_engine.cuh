@@ -55,7 +55,9 @@ struct TileEngine {
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
-      mbar_init(&s.c_ready, 1);  // consumer thread 0's arrive_expect_tx (kPrefetch)
+      mbar_init(&s.c_free, 1);   // consumer thread 0: the previous tile's stores have read s.c (kPrefetch)
+      mbar_init(&s.c_ready, 1);  // the producer's offer: its arrive (with the term's bytes, if it loads one)
+      s.c_offers = 0;
       s.done_posts = 0;
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
@@ -264,50 +266,67 @@ struct TileEngine {
   // 64 KB of loads the combine waited for after the mainloop (~3.5 us a
   // 128x256 tile, most of a K = 512 mainloop: trace spans, loopback GEMM+RS,
   // 2026-12-01) then land while the tensor cores still work, and the sum rides
-  // on the staging (stage_tile kAddStaged). Consumer thread 0 owns the previous
-  // tile's stores' bulk group, so it alone can know s.c is free; it tries at a
-  // quarter and at half of the k-blocks, never waiting on the peers (its warp
-  // is a quarter of a tensor-core warp group), and a tile whose term was not
-  // ready by then combines after the mainloop as before.
+  // on the staging (stage_tile kAddStaged).
+  //
+  // Per such tile, strictly alternating: consumer thread 0, which alone can
+  // wait for the previous tile's stores (its bulk group), frees s.c early in
+  // the mainloop (c_free); the producer, once it has issued the tile's last
+  // loads, polls the term's readiness once (never waits: the tile's fallback
+  // is the combine after the mainloop, whose wait is the one the schedule is
+  // built around) and offers on c_ready, loading the term or not (c_loaded);
+  // the consumers wait for the offer after the mainloop. The first version
+  // polled from consumer thread 0 in the mainloop: its stalls there held a
+  // quarter of a tensor-core warp group and the combining tiles' mainloops
+  // grew 1-3 us (loopback trace spans, 2026-12-01).
   static constexpr bool kPrefetch = kBoxes && gemm::combines_v<Hooks> && gemm::prefetches_combine_v<Hooks>;
   static constexpr uint32_t kTileBytes = Cfg::kBM * Cfg::kBN * 2;
 
-  static CUTE_DEVICE bool prefetches(Hooks& h, gemm::TileCoord t) {
+  static CUTE_DEVICE bool prefetches(const P& p, Hooks& h, gemm::TileCoord t) {
     if constexpr (kPrefetch) {
-      return h.combines(t) && h.combine_terms(t) == 2;
+      return p.K > 0 && h.combines(t) && h.combine_terms(t) == 2;  // K > 0: the consumers' mainloop frees s.c
     } else {
       return false;
     }
   }
 
-  // Consumer thread 0, tile t's mainloop: whether the other term is now on its
-  // way into s.c, completing c_ready.
-  static CUTE_DEVICE bool try_prefetch(S& s, gemm::TileCoord t, Hooks& h) {
+  // Consumer thread 0, at k-block `k` of a prefetching tile's mainloop: the
+  // k-block where it frees s.c (two in: by then the previous tile's stores,
+  // issued just before the mainloop, have usually read it).
+  static CUTE_DEVICE bool frees_at(int k, int kblocks) { return k == (kblocks < 3 ? kblocks - 1 : 2); }
+
+  // The producer thread, after tile t's loads: the offer (see kPrefetch).
+  static CUTE_DEVICE void offer_prefetch(S& s, gemm::TileCoord t, Hooks& h) {
     if constexpr (kPrefetch) {
-      bulk_wait_reads();  // the previous tile's stores have read s.c (quick by now: issued a quarter-tile ago)
-      if (!h.try_before_combine(t)) return false;
-      gemm::async_proxy_fence();  // the acquire covers TMA's reads of the term
-      mbar_arrive_expect_tx(&s.c_ready, kTileBytes);
-      load_boxes<Cfg>(s, h.prefetch_box(t), &s.c_ready);
-      return true;
-    } else {
-      return false;
+      const uint32_t n = s.c_offers;
+      mbar_wait(&s.c_free, n & 1u, "staged buffer free for a prefetch");
+      const bool go = h.try_before_combine(t);
+      s.c_loaded = go;
+      if (go) {
+        gemm::async_proxy_fence();  // the acquire covers TMA's reads of the term
+        mbar_arrive_expect_tx(&s.c_ready, kTileBytes);
+        load_boxes<Cfg>(s, h.prefetch_box(t), &s.c_ready);
+      } else {
+        mbar_arrive(&s.c_ready);
+      }
+      s.c_offers = n + 1;
     }
   }
 
   // Consumers, after retire: tile t staged into s.c, and combined where the
   // hooks say so (the prefetched term summed in as it is staged).
   template <class Thr, class Acc, class Phase>
-  static CUTE_DEVICE void stage_combined(S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f, const Thr& thr,
+  static CUTE_DEVICE void stage_combined(const P& p, S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f, const Thr& thr,
                                          const Acc& acc, const Phase& phase) {
     if constexpr (kPrefetch) {
-      if (prefetches(h, t) && s.c_loaded) {  // uniform: thread 0 wrote it before retire's barrier
-        mbar_wait(&s.c_ready, f.c_phase, "prefetched combine term landed");
+      if (prefetches(p, h, t)) {
+        mbar_wait(&s.c_ready, f.c_phase, "producer's prefetch offer");
         f.c_phase ^= 1;
-        stage_tile<Cfg, OutT, kBoxes, /*kAddStaged=*/true>(s, thr, acc);
-        phase(gemm::TilePhase::kStaged);
-        phase(gemm::TilePhase::kCombined);
-        return;
+        if (s.c_loaded) {  // the term has landed in s.c
+          stage_tile<Cfg, OutT, kBoxes, /*kAddStaged=*/true>(s, thr, acc);
+          phase(gemm::TilePhase::kStaged);
+          phase(gemm::TilePhase::kCombined);
+          return;
+        }
       }
     }
     stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
@@ -331,19 +350,18 @@ struct TileEngine {
       }
     };
     phase(gemm::TilePhase::kClaimed);
-    const bool pre = prefetches(h, t) && ctid == 0;
-    bool loaded = false;
+    const bool frees = ctid == 0 && prefetches(p, h, t);
     mainloop(p, s, ring, thr, acc, [&](int k, int kblocks) {
-      if (pre && !loaded && (k == kblocks / 4 || k == kblocks / 2)) loaded = try_prefetch(s, t, h);
+      if (frees && frees_at(k, kblocks)) {
+        bulk_wait_reads();
+        mbar_arrive(&s.c_free);
+      }
     });
-    if constexpr (kPrefetch) {
-      if (ctid == 0) s.c_loaded = loaded;
-    }
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(s, f, ctid);
-        stage_combined(s, t, h, ctid, f, thr, acc, phase);
+        stage_combined(p, s, t, h, ctid, f, thr, acc, phase);
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if constexpr (kBoxes) {
@@ -390,6 +408,7 @@ struct TileEngine {
       if (!ok) return;
       next_ok = sched.next(next);
       produce_tile(p, s, stages, t, h);
+      if (prefetches(p, h, t)) offer_prefetch(s, t, h);
       mailbox.advance(2);
     }
   }
