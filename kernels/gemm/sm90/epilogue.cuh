@@ -156,7 +156,7 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
 // swizzle). kAddStaged: s.c already holds another bf16 tile of the same layout
 // (a combine term the engine prefetched, tile_engine.cuh), and each element
 // becomes the two-term sum (add_bf16x2): ldmatrix reads it back in the
-// fragment's own order, so the sum costs one load per store.
+// fragment's own order, so the sum costs one shared load per store.
 template <class Cfg, class OutT, bool kBoxes, bool kAddStaged = false, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
@@ -166,19 +166,29 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
   // 32-bit shared addresses: generic 64-bit pointers here cost ptxas ~60
   // registers it did not have beside the accumulators (spills).
   const uint32_t lane_at = smem_u32(s.c) + stmatrix_lane_offset<Cfg, kBoxes>(rw, int(threadIdx.x % 32));
+  // kAddStaged reads kAddBatch steps' matrices before it adds and stores them:
+  // one shared-memory round trip per batch, not per step (each asm is volatile
+  // with a memory clobber, so they keep their order).
+  constexpr int kSteps = Cfg::kBN / 16, kAddBatch = 4;
+  static_assert(kSteps % kAddBatch == 0, "whole batches of steps");
   CUTE_UNROLL
-  for (int q = 0; q < Cfg::kBN / 16; ++q) {
-    uint32_t r[4];
-    CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
-    const uint32_t at = stmatrix_offset<Cfg, kBoxes>(lane_at, q);
+  for (int q0 = 0; q0 < kSteps; q0 += kAddBatch) {
+    uint32_t other[kAddBatch][4];
     if constexpr (kAddStaged) {
-      uint32_t other[4];
-      ldmatrix_x4(at, other);
       CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) r[j] = add_bf16x2(r[j], other[j]);
+      for (int u = 0; u < kAddBatch; ++u) ldmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q0 + u), other[u]);
     }
-    stmatrix_x4(at, r);
+    CUTE_UNROLL
+    for (int u = 0; u < kAddBatch; ++u) {
+      const int q = q0 + u;
+      uint32_t r[4];
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
+        if constexpr (kAddStaged) r[j] = add_bf16x2(r[j], other[u][j]);
+      }
+      stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
+    }
   }
 }
 
