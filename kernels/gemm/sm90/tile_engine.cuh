@@ -55,9 +55,11 @@ struct TileEngine {
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
-      mbar_init(&s.c_free, 1);   // consumer thread 0: the previous tile's stores have read s.c (kPrefetch)
-      mbar_init(&s.c_ready, 1);  // the producer's offer: its arrive (with the term's bytes, if it loads one)
-      s.c_offers = 0;
+      if constexpr (kPrefetch) {
+        mbar_init(&s.c_free, 1);   // consumer thread 0: the previous tile's stores have read s.c
+        mbar_init(&s.c_ready, 1);  // the producer's offer: its arrive (with the term's bytes, if it loads one)
+        s.c_offers = 0;
+      }
       s.done_posts = 0;
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
