@@ -174,8 +174,9 @@ struct RsSm90Hooks {
     }
   }
 
-  // before_combine's acquire without its wait, during the tile's mainloop
-  // (gemm/tile_hooks.h): one poll of each peer's flag.
+  // before_combine's acquire without its wait, for the engine's producer
+  // thread once the tile's loads are issued (gemm/tile_hooks.h): one poll of
+  // each peer's flag.
   KOSMOS_DEVICE bool try_before_combine(gemm::TileCoord t) const {
     const int band = (t.m - rank * s.T) / s.R;
     for (int src = 0; src < s.tp; ++src)
@@ -183,8 +184,9 @@ struct RsSm90Hooks {
     return true;
   }
 
-  // The other term of a two-rank fold (the engine prefetches only those): the
-  // peer's partial, pushed into our staging, read through our staging's map.
+  // The other term of a two-rank fold (the engine prefetches only two-term
+  // combines, so tp == 2 and the peer is 1 - rank): the peer's partial, pushed
+  // into our staging, read through our staging's map.
   KOSMOS_DEVICE sm90::LoadBox prefetch_box(gemm::TileCoord t) const {
     return {maps->stage_map[rank].get_tma_descriptor(), staged_slot(t, 1 - rank) * portable::kBM, 0};
   }

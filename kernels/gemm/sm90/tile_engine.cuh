@@ -317,8 +317,8 @@ struct TileEngine {
   // Consumers, after retire: tile t staged into s.c, and combined where the
   // hooks say so (the prefetched term summed in as it is staged).
   template <class Thr, class Acc, class Phase>
-  static CUTE_DEVICE void stage_combined(const P& p, S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f, const Thr& thr,
-                                         const Acc& acc, const Phase& phase) {
+  static CUTE_DEVICE void stage_combined(const P& p, S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f,
+                                         const Thr& thr, const Acc& acc, const Phase& phase) {
     if constexpr (kPrefetch) {
       if (prefetches(p, h, t)) {
         mbar_wait(&s.c_ready, f.c_phase, "producer's prefetch offer");
