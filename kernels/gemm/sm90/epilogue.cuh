@@ -342,7 +342,8 @@ CUTE_DEVICE void load_boxes(SharedStorage<Cfg>& s, const LoadBox& b, uint64_t* b
   constexpr uint64_t kEvictNormal = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL);
   CUTE_UNROLL
   for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j)
-    SM90_TMA_LOAD_2D::copy(b.desc, bar, kEvictNormal, reinterpret_cast<char*>(s.c) + j * Cfg::kOutBoxBytes,
+    SM90_TMA_LOAD_2D::copy(b.desc, bar, kEvictNormal,
+                           reinterpret_cast<char*>(s.c) + staged_offset<Cfg, true>(0, j * Cfg::kOutBoxCols),
                            b.col0 + j * Cfg::kOutBoxCols, b.row0);
 }
 
