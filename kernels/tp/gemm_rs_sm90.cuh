@@ -164,7 +164,7 @@ struct RsSm90Hooks {
   // been pushed here (pub[], released after the pushes' writes completed). The
   // engine's barrier after it orders every consumer's loads behind the acquire.
   KOSMOS_DEVICE void before_combine(gemm::TileCoord t) {
-    const int band = (t.m - rank * s.T) / s.R;
+    const int band = own_band(t);
     for (int src = 0; src < s.tp; ++src) {
       if (src == rank) continue;
       const TraceSpan wait;
@@ -178,7 +178,7 @@ struct RsSm90Hooks {
   // thread once the tile's loads are issued (gemm/tile_hooks.h): one poll of
   // each peer's flag.
   KOSMOS_DEVICE bool try_before_combine(gemm::TileCoord t) const {
-    const int band = (t.m - rank * s.T) / s.R;
+    const int band = own_band(t);
     for (int src = 0; src < s.tp; ++src)
       if (src != rank && load_acquire<Scope::kSys>(&ctrl->pub[rs_flag_index(band, src)]) < epoch) return false;
     return true;
@@ -201,9 +201,11 @@ struct RsSm90Hooks {
   }
   // Our staging slot of rank `term`'s partial of own-chunk tile t.
   KOSMOS_DEVICE int staged_slot(gemm::TileCoord t, int term) const {
-    const int tr = t.m - rank * s.T, band = tr / s.R;
-    return rs_stage_slot(s, band, term, rs_band_index(s, tr - band * s.R, t.n));
+    const int band = own_band(t);
+    return rs_stage_slot(s, band, term, rs_band_index(s, t.m - rank * s.T - band * s.R, t.n));
   }
+  // The band of own-chunk tile t.
+  KOSMOS_DEVICE int own_band(gemm::TileCoord t) const { return (t.m - rank * s.T) / s.R; }
 
   // One consumer thread after a named barrier over every consumer's stores
   // (and, staged, after the copies' writes completed: the engine's retire): the

@@ -281,7 +281,7 @@ struct TileEngine {
   // quarter of a tensor-core warp group and the combining tiles' mainloops
   // grew 1-3 us (loopback trace spans, 2026-12-01).
   static constexpr bool kPrefetch = kBoxes && gemm::combines_v<Hooks> && gemm::prefetches_combine_v<Hooks>;
-  static constexpr uint32_t kTileBytes = Cfg::kBM * Cfg::kBN * 2;
+  static constexpr uint32_t kTileBytes = Cfg::kBN / Cfg::kOutBoxCols * Cfg::kOutBoxBytes;  // load_boxes' boxes
 
   static CUTE_DEVICE bool prefetches(const P& p, Hooks& h, gemm::TileCoord t) {
     if constexpr (kPrefetch) {
