@@ -195,7 +195,7 @@ def main(argv=None):
   text = table(rows, args.arms.split(","))
   print(text)
   (out / f"loopback{args.tag}.md").write_text(text + "\n")
-  if os.environ.get("OUT"):
+  if os.environ.get("OUT") and pathlib.Path(os.environ["OUT"]).resolve() != out.resolve():
     for p in (csv_path, out / f"loopback{args.tag}.md"):
       shutil.copy(p, os.environ["OUT"])
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the transport benchmark (benchmarks/transport/transport_bench.cu)
-# on a machine with >= 2 GPUs; the table goes to stdout and $OUT/transport.log.
-# Extra arguments go to the benchmark (--gpus N --mib M --reps R --threads T).
+# on a machine with >= 2 GPUs (or, with --local 1, one GPU: copies within it);
+# the table goes to stdout and $OUT/transport.log.
+# Extra arguments go to the benchmark (--gpus N --mib M --reps R --threads T --local 1).
 # Peer access only: never NVLink multicast / NVLS (DESIGN.md §4).
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1

@@ -5,8 +5,11 @@
 // destination-minor vs destination-major item order (DESIGN.md §5: A2A pushes are
 // destination-minor). Peer access is enabled between every pair (never NVLS).
 //
-// Usage: transport_bench [--gpus N] [--mib 1024] [--reps 7] [--threads 512]
+// Usage: transport_bench [--gpus N] [--mib 1024] [--reps 7] [--threads 512] [--local 1]
 // Prints markdown tables: GB/s = bytes moved / median event time of `reps` runs.
+// --local 1 (one GPU is enough): both copies between two buffers of GPU 0, so
+// what one CTA of each copy moves when the link is not the limit (HBM is: a
+// copy reads and writes each byte, so ~half of HBM's bandwidth is the ceiling).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +41,7 @@ struct Opts {
   size_t bytes = size_t(1) << 30;
   int reps = 7;
   int threads = 512;
+  bool local = false;
 };
 
 struct Gpu {
@@ -114,6 +118,7 @@ Opts parse(int argc, char** argv) {
     else if (k == "--mib") o.bytes = (size_t)v << 20;
     else if (k == "--reps") o.reps = (int)v;
     else if (k == "--threads") o.threads = (int)v;
+    else if (k == "--local") o.local = v != 0;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
   }
   return o;
@@ -269,12 +274,47 @@ void fan_out_rows(std::vector<Gpu>& g, const Opts& o, int gpus) {
   if (gpus == 2) verify(0, g[0].dst + pp, pp, 1, "fan-out 1->0");
 }
 
+// GPU 0 only: cta_copy16 and the TMA-unit copy between two of its buffers.
+void local_rows(const Opts& o) {
+  std::vector<Gpu> g(1);
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc(&g[0].src, o.bytes));
+  CK(cudaMalloc(&g[0].dst, o.bytes));
+  CK(cudaStreamCreateWithFlags(&g[0].stream, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&g[0].start));
+  CK(cudaEventCreate(&g[0].stop));
+  fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(g[0].src), o.bytes / 4, 0x9e3779b9u);
+  CK(cudaDeviceSynchronize());
+  const size_t n = o.bytes;
+  std::printf("| CTAs | copy | GB/s copied | GB/s per CTA |\n| --- | --- | --- | --- |\n");
+  auto row = [&](int ctas, const char* what, auto launch) {
+    CK(cudaMemset(g[0].dst, 0, n));
+    auto ms = time_all(g, {0}, o.reps, [&](int) { launch(ctas); });
+    verify(0, g[0].dst, n, 0, what);
+    std::printf("| %d | %s | %.0f | %.1f |\n", ctas, what, gbps(n, ms[0]), gbps(n, ms[0]) / ctas);
+  };
+  for (int ctas : {1, 2, 4, 8, 16, 32}) {
+    row(ctas, "cta_copy16, 8 in flight", [&](int c) { launch_pair<8>(g[0], g[0].dst, g[0].src, n, c, o.threads); });
+    row(ctas, "bulk, 4 x 16 KiB", [&](int c) { launch_pair_bulk<4>(g[0], g[0].dst, g[0].src, n, c); });
+    row(ctas, "bulk, 8 x 16 KiB", [&](int c) { launch_pair_bulk<8>(g[0], g[0].dst, g[0].src, n, c); });
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Opts o = parse(argc, argv);
   int visible = 0;
   CK(cudaGetDeviceCount(&visible));
+  if (o.local) {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("# transport, local copies on GPU 0 (%s), %zu MiB, median of %d, %d threads\n\n", prop.name,
+                o.bytes >> 20, o.reps, o.threads);
+    local_rows(o);
+    std::printf("\nTRANSPORT_BENCH_OK\n");
+    return 0;
+  }
   const int gpus = o.gpus ? o.gpus : std::min(visible, kMaxGpus);
   if (gpus < 2 || gpus > visible || gpus > kMaxGpus) {
     std::fprintf(stderr, "need 2..%d GPUs, asked %d, %d visible\n", kMaxGpus, gpus, visible);

@@ -6,8 +6,11 @@
 // CTAs of 512 threads to fill an NVLink (benchmarks/RESULTS.md, transport); every
 // one of those SMs is lost to the GEMM while it moves. A bulk copy keeps
 // Slots x kBulkChunk bytes in flight from one thread, so a few CTAs might do the
-// same. Not yet measured: benchmarks/transport/transport_bench.cu times it
-// beside cta_copy16 before any fused kernel uses it.
+// same. On one H200 (copies within it, benchmarks/RESULTS.md 2026-12-01
+// session 20) it did not: one CTA copied ~50 GB/s with 8 slots, cta_copy16 at
+// 512 threads ~48, so a CTA's rate is its SM's, not its loads in flight; the
+// AG push movers through it timed the same as with cta_copy16, so no kernel
+// uses it. Across GPUs not yet measured (transport_bench.cu has its rows).
 //
 // Pull (src on a peer) or push (dst on a peer): the same code. Both pointers
 // 16-byte aligned. The caller acquires whatever flag published src before the
