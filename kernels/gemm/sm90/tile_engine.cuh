@@ -323,6 +323,10 @@ struct TileEngine {
       if (prefetches(p, h, t)) {
         mbar_wait(&s.c_ready, f.c_phase, "producer's prefetch offer");
         f.c_phase ^= 1;
+        // Every consumer reads c_loaded; the producer writes it again only
+        // after c_free, which thread 0 arrives on after the consumers' barrier
+        // that follows this read (consume_tile: the whole tile is staged).
+        // racecheck does not follow that chain and reports the pair (2026-12-01).
         if (s.c_loaded) {  // the term has landed in s.c
           stage_tile<Cfg, OutT, kBoxes, /*kAddStaged=*/true>(s, thr, acc);
           phase(gemm::TilePhase::kStaged);
@@ -420,10 +424,20 @@ struct TileEngine {
     InFlight inflight;
     for (;;) {
       mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full");
-      const gemm::TileCoord t = s.claim[mailbox.slot];
-      const bool ok = s.claim_valid[mailbox.slot] != 0;
-      __syncwarp();  // every lane has read the slot before the warp frees it
-      if (threadIdx.x % 32 == 0) mbar_arrive(&s.claim_empty[mailbox.slot]);
+      // Lane 0 alone reads the slot, frees it and hands the claim to its warp
+      // by shuffle, so the slot's readers are exactly the threads whose
+      // arrives the producer waits for. (When every lane read it, the other
+      // lanes' reads were ordered before lane 0's arrive by __syncwarp, which
+      // the PTX memory model makes enough but compute-sanitizer's racecheck
+      // does not follow: it reported them against the producer's next write
+      // to the slot, 2026-12-01.)
+      int claim[3] = {0, 0, 0};
+      if (threadIdx.x % 32 == 0) {
+        claim[0] = s.claim[mailbox.slot].m, claim[1] = s.claim[mailbox.slot].n, claim[2] = s.claim_valid[mailbox.slot];
+        mbar_arrive(&s.claim_empty[mailbox.slot]);
+      }
+      const gemm::TileCoord t{__shfl_sync(0xffffffffu, claim[0], 0), __shfl_sync(0xffffffffu, claim[1], 0)};
+      const bool ok = __shfl_sync(0xffffffffu, claim[2], 0) != 0;
       if (!ok) break;
       consume_tile(p, s, stages, t, h, ctid, inflight);
       mailbox.advance(2);
