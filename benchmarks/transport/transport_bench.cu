@@ -140,7 +140,7 @@ std::vector<Gpu> setup(const Opts& o, int gpus) {
       else CK(e);
     }
     CK(cudaMalloc(&g[d].src, o.bytes));
-    CK(cudaMalloc(&g[d].dst, std::max(o.bytes, per_peer(o, gpus) * gpus)));
+    CK(cudaMalloc(&g[d].dst, gpus > 1 ? std::max(o.bytes, per_peer(o, gpus) * gpus) : o.bytes));  // 1: --local
     CK(cudaStreamCreateWithFlags(&g[d].stream, cudaStreamNonBlocking));
     CK(cudaEventCreate(&g[d].start));
     CK(cudaEventCreate(&g[d].stop));
@@ -276,15 +276,7 @@ void fan_out_rows(std::vector<Gpu>& g, const Opts& o, int gpus) {
 
 // GPU 0 only: cta_copy16 and the TMA-unit copy between two of its buffers.
 void local_rows(const Opts& o) {
-  std::vector<Gpu> g(1);
-  CK(cudaSetDevice(0));
-  CK(cudaMalloc(&g[0].src, o.bytes));
-  CK(cudaMalloc(&g[0].dst, o.bytes));
-  CK(cudaStreamCreateWithFlags(&g[0].stream, cudaStreamNonBlocking));
-  CK(cudaEventCreate(&g[0].start));
-  CK(cudaEventCreate(&g[0].stop));
-  fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(g[0].src), o.bytes / 4, 0x9e3779b9u);
-  CK(cudaDeviceSynchronize());
+  auto g = setup(o, 1);
   const size_t n = o.bytes;
   std::printf("| CTAs | copy | GB/s copied | GB/s per CTA |\n| --- | --- | --- | --- |\n");
   auto row = [&](int ctas, const char* what, auto launch) {
