@@ -1,5 +1,5 @@
 // Preparation and launch of the Hopper-builder AG+GEMM kernels (sm_90a only):
-// one per transport (pull, push).
+// one per transport (pull, push), and ag_nn's (pull, NN layout).
 #include "ag_tn_sm90.h"
 #include "sm90_prepare.h"
 #include "tp/ag_gemm_sm90.cuh"
@@ -8,15 +8,27 @@ namespace kosmos {
 namespace {
 
 // 128x256 tiles, 3 stages and the staged epilogue: the engine's wide
-// configuration (~211 KB of smem).
+// configuration (~211 KB of smem). ag_nn reads w [k, n] as the engine's K-major
+// B (gemm/tile_problem.h): the same tiles, another layout.
 using AgCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
-Sm90State g_state[2];  // [push]
+using AgNnCfg = sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>;
+static_assert(AgCfg::kBN == AgNnCfg::kBN, "ag_tn_sm90_tile_n serves both layouts");
+Sm90State g_state[3];  // [0] ag_tn pull, [1] ag_tn push, [2] ag_nn (pull)
 
-template <bool kPush>
-std::string prepare_one(int ordinal) {
-  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<AgCfg, kPush>), AgCfg::kThreads,
-                      (int)sm90::SharedStorage<AgCfg>::kLaunchBytes, ordinal, g_state[kPush], set_timeout_mailbox,
+template <class Cfg, bool kPush>
+std::string prepare_one(int ordinal, Sm90State& state) {
+  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<Cfg, kPush>), Cfg::kThreads,
+                      (int)sm90::SharedStorage<Cfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
                       TimeoutUnit::kAgTnSm90);
+}
+
+// tp > 1: A is the gather region (every shard, own included, lands there under
+// pull); tp == 1: x itself, nothing to gather.
+template <class Cfg>
+sm90::Params<Cfg> gather_params(const AgParams<bf16_t>& ag) {
+  const void* a = ag.tp > 1 ? static_cast<const void*>(ag.heap[ag.rank] + kHeapDataOffset) : ag.x;
+  const int M = ag.tp > 1 ? ag.tp * ag.shape.T * Cfg::kBM : ag.rows;
+  return sm90::make_params<Cfg>(gemm::Problem{a, ag.w, nullptr, M, ag.N, ag.K});
 }
 
 }  // namespace
@@ -24,24 +36,28 @@ std::string prepare_one(int ordinal) {
 int ag_tn_sm90_tile_n() { return AgCfg::kBN; }
 
 std::string ag_tn_sm90_prepare(int ordinal) {
-  std::string err = prepare_one<false>(ordinal);
-  return err.empty() ? prepare_one<true>(ordinal) : err;
+  std::string err = prepare_one<AgCfg, false>(ordinal, g_state[0]);
+  if (err.empty()) err = prepare_one<AgCfg, true>(ordinal, g_state[1]);
+  return err.empty() ? prepare_one<AgNnCfg, false>(ordinal, g_state[2]) : err;
 }
 
 bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state[0], ordinal) && sm90_ready(g_state[1], ordinal); }
+bool ag_nn_sm90_ready(int ordinal) { return sm90_ready(g_state[2], ordinal); }
 
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
-  AgSm90Params<AgCfg> p{ag, {}, {}};
-  // tp > 1: A is the gather region (every shard, own included, lands there);
-  // tp == 1: x itself, nothing to gather.
-  const void* a = ag.tp > 1 ? static_cast<const void*>(ag.heap[ag.rank] + kHeapDataOffset) : ag.x;
-  const int M = ag.tp > 1 ? ag.tp * ag.shape.T * AgCfg::kBM : ag.rows;
-  p.g = sm90::make_params<AgCfg>(gemm::Problem{a, ag.w, nullptr, M, ag.N, ag.K});
+  AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}};
   if (ag.shape.push)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
     p.own = sm90::make_operand_tma<AgCfg::kMajorA, typename AgCfg::RingA>(reinterpret_cast<const sm90::bf16*>(ag.x),
                                                                            ag.rows, ag.K, ag.K);
   const auto kernel = ag.shape.push ? &ag_tn_sm90_kernel<AgCfg, true> : &ag_tn_sm90_kernel<AgCfg, false>;
   kernel<<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
+  if (ag.shape.push) return cudaErrorInvalidValue;  // ag_nn gathers by pull only
+  AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}};
+  ag_tn_sm90_kernel<AgNnCfg, false><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

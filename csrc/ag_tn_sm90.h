@@ -10,7 +10,7 @@
 
 namespace kosmos {
 
-// Output tile width of the Hopper builders: AgShape::NT counts tiles of this.
+// Output tile width of the Hopper builders (ag_tn and ag_nn): AgShape::NT counts tiles of this.
 int ag_tn_sm90_tile_n();
 
 // Once per device at runtime init: raises the kernel's shared-memory limit and
@@ -22,5 +22,10 @@ bool ag_tn_sm90_ready(int ordinal);
 // Launches the kernel over `p` (bf16; p.movers >= 1 when p.tp > 1; p.slot_bytes
 // = ag_slot_bytes(p.shape.T * 128, K, 2)) with `grid` CTAs on `stream`.
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& p, int grid, cudaStream_t stream);
+
+// kosmos_ag_nn's Hopper builders: the pull kernel over gemm::Layout::NN (p.w
+// [N, K], dX = AG(dY) @ w.T), prepared beside ag_tn's by ag_tn_sm90_prepare.
+bool ag_nn_sm90_ready(int ordinal);
+cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& p, int grid, cudaStream_t stream);
 
 }  // namespace kosmos

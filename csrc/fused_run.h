@@ -22,6 +22,11 @@ struct AgArgs {
   xla::ffi::DataType dtype;
   int64_t rows, m_local, K, N;
   int64_t tp, cu_cap, movers, switching, push;
+  // kosmos_ag_nn: dX [rows/m_local, tp*m_local, N] = allgather_rows(dY [rows, K]) @ w.T
+  // (w [N, K]), and allgather_rows(dY) into g_out (g_bytes), pull transport only.
+  int64_t nn = 0;
+  void* g_out = nullptr;
+  size_t g_bytes = 0;
 };
 
 // One rank's call of kosmos_tn_rs: y [rows, n] = chunk `rank` of
@@ -39,6 +44,28 @@ struct RsArgs {
 // Validates, plans and launches on `stream`; `g` and `ctrl_slot` as find_group_slot
 // returns them. Errors name the op and the values.
 xla::ffi::Error ag_tn_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const AgArgs& a);
+// The same body serves kosmos_ag_nn (a.nn == 1).
+inline xla::ffi::Error ag_nn_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, AgArgs a) {
+  a.nn = 1;
+  return ag_tn_run(stream, ordinal, g, ctrl_slot, a);
+}
+
+// One rank's call of kosmos_bulk_ag_nn: xg [rows/m_local, tp*m_local, k] =
+// allgather_rows(x [rows, k]) beside dx [M, k] = dy [M, n] @ w [k, n].T, with
+// M = tp * rows; the knobs as the FFI attributes.
+struct BulkAgArgs {
+  const void* x;
+  const void* dy;
+  const void* w;
+  void* xg;
+  void* dx;
+  size_t xg_bytes, dx_bytes;
+  xla::ffi::DataType dtype;
+  int64_t rows, m_local, K, N;
+  int64_t tp, cu_cap, movers, switching;
+};
+xla::ffi::Error bulk_ag_nn_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot,
+                               const BulkAgArgs& a);
 xla::ffi::Error tn_rs_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const RsArgs& a);
 
 }  // namespace kosmos

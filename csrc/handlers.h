@@ -13,4 +13,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_tn_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_matmul_cuda);
 // kosmos_tn_rs: y = reduce_scatter_rows(x @ w), fused (kernels/tp/gemm_rs.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_tn_rs_cuda);
+// kosmos_ag_nn: dx = allgather_rows(dy) @ w.T and allgather_rows(dy), fused (kernels/tp/ag_gemm.cuh).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_nn_cuda);
+// kosmos_bulk_ag_nn: allgather_rows(x) beside dy @ w.T, fused (kernels/tp/bulk_ag.cuh).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_ag_nn_cuda);
 #endif

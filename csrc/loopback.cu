@@ -1,6 +1,6 @@
 // Loopback test hook (loopback.h): every rank of a group on one GPU. Each rank
 // gets its own zeroed heap, inputs, output and non-blocking stream; its calls
-// go through ag_tn_run / tn_rs_run (fused_run.h), the path XLA's calls take.
+// go through the handlers' bodies (fused_run.h), the path XLA's calls take.
 // Ranks synchronise only through the kernels' own flags, as separate GPUs do:
 // the host enqueues call i on every stream without waiting for call i - 1.
 #include <cuda_runtime.h>
@@ -29,19 +29,30 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, size_t n, u
 struct Rank {
   cudaStream_t stream = nullptr;
   char* heap = nullptr;
-  void* y = nullptr;             // the largest output of the ops
-  std::vector<void*> x, w;       // per input set
-  std::vector<void*> first;      // per (set, op): the first call's output
+  void* y = nullptr;                   // the largest output of the ops
+  std::vector<std::vector<void*>> in;  // [set][input]
+  std::vector<void*> first;            // per (set, op): the first call's output
 };
 
-bool has_rs(const LoopbackSpec& s) {
-  for (const auto& op : s.ops) if (op == "tn_rs") return true;
-  return false;
+// An op's inputs and outputs in bytes (loopback.h's table; bf16).
+struct OpBytes {
+  std::vector<size_t> in;
+  size_t out = 0;
+};
+
+OpBytes op_bytes(const LoopbackSpec& s, const std::string& op) {
+  const size_t r = s.rows, K = s.K, N = s.N, tp = s.tp, e = 2;
+  if (op == "ag_tn") return {{r * K * e, K * N * e}, tp * r * N * e};
+  if (op == "tn_rs") return {{tp * r * K * e, K * N * e}, r * N * e};
+  if (op == "ag_nn") return {{r * N * e, K * N * e}, tp * r * (K + N) * e};
+  if (op == "bulk_ag_nn") return {{r * K * e, tp * r * N * e, K * N * e}, 2 * tp * r * K * e};
+  if (op == "bulk_rs_nt") return {{tp * r * K * e, tp * r * K * e, tp * r * N * e}, (r * K + K * N) * e};
+  return {};
 }
-size_t x_bytes(const LoopbackSpec& s) { return (size_t)(has_rs(s) ? s.tp : 1) * s.rows * s.K * 2; }
-size_t y_bytes(const LoopbackSpec& s, const std::string& op) {
-  return (size_t)(op == "ag_tn" ? s.tp : 1) * s.rows * s.N * 2;
-}
+
+bool known(const std::string& op) { return !op_bytes(LoopbackSpec{}, op).in.empty(); }
+
+size_t y_bytes(const LoopbackSpec& s, const std::string& op) { return op_bytes(s, op).out; }
 size_t y_max(const LoopbackSpec& s) {
   size_t b = 0;
   for (const auto& op : s.ops) b = std::max(b, y_bytes(s, op));
@@ -49,38 +60,52 @@ size_t y_max(const LoopbackSpec& s) {
 }
 size_t keys(const LoopbackSpec& s, size_t sets) { return sets * s.ops.size(); }
 
-std::string check(const LoopbackSpec& s, int sm_count, const std::vector<std::vector<std::string>>& x,
-                  const std::vector<std::vector<std::string>>& w) {
+using Inputs = std::vector<std::vector<std::vector<std::string>>>;  // [set][rank][input]
+
+std::string check_inputs(const LoopbackSpec& s, const Inputs& ins) {
+  for (size_t k = 0; k < ins.size(); ++k) {
+    if ((int)ins[k].size() != s.tp)
+      return "loopback: input set " + std::to_string(k) + " must hold tp=" + std::to_string(s.tp) + " ranks";
+    for (const auto& op : s.ops) {
+      const OpBytes b = op_bytes(s, op);
+      for (int r = 0; r < s.tp; ++r) {
+        if (ins[k][r].size() < b.in.size())
+          return "loopback: " + op + " needs " + std::to_string(b.in.size()) + " inputs; set " + std::to_string(k) +
+                 " rank " + std::to_string(r) + " has " + std::to_string(ins[k][r].size());
+        for (size_t j = 0; j < b.in.size(); ++j)
+          if (ins[k][r][j].size() < b.in[j])
+            return "loopback: " + op + " input " + std::to_string(j) + " of set " + std::to_string(k) + " rank " +
+                   std::to_string(r) + " has " + std::to_string(ins[k][r][j].size()) + " bytes, want at least " +
+                   std::to_string(b.in[j]);
+      }
+    }
+  }
+  return "";
+}
+
+std::string check(const LoopbackSpec& s, int sm_count, const Inputs& ins) {
   if (s.ops.empty()) return "loopback: need at least one op";
   for (const auto& op : s.ops)
-    if (op != "ag_tn" && op != "tn_rs") return "loopback: ops must be 'ag_tn' or 'tn_rs', not '" + op + "'";
+    if (!known(op)) return "loopback: unknown op '" + op + "' (loopback.h lists the ops)";
   if (s.tp < 1 || s.tp > kMaxRanks) return "loopback: tp=" + std::to_string(s.tp) + " outside 1.." + std::to_string(kMaxRanks);
   if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
     return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
            std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
   if (s.push.empty() || s.calls < 1) return "loopback: need calls >= 1 and at least one transport";
-  if (x.empty() || x.size() != w.size()) return "loopback: need as many x sets as w sets, at least one";
-  if (s.check && (size_t)s.calls < keys(s, x.size()))
+  if (s.m_local < 0 || (s.m_local > 0 && s.rows % s.m_local))
+    return "loopback: m_local=" + std::to_string(s.m_local) + " must divide rows=" + std::to_string(s.rows);
+  if (ins.empty()) return "loopback: need at least one input set";
+  if (s.check && (size_t)s.calls < keys(s, ins.size()))
     return "loopback: calls=" + std::to_string(s.calls) + " must cover every (set, op) pair: " +
-           std::to_string(keys(s, x.size()));
-  for (size_t k = 0; k < x.size(); ++k) {
-    if ((int)x[k].size() != s.tp || (int)w[k].size() != s.tp)
-      return "loopback: input set " + std::to_string(k) + " must hold tp=" + std::to_string(s.tp) + " x and w";
-    for (int r = 0; r < s.tp; ++r)
-      if (x[k][r].size() != x_bytes(s) || w[k][r].size() != (size_t)s.K * s.N * 2)
-        return "loopback: set " + std::to_string(k) + " rank " + std::to_string(r) + ": x has " +
-               std::to_string(x[k][r].size()) + " bytes (want " + std::to_string(x_bytes(s)) + "), w " +
-               std::to_string(w[k][r].size()) + " (want " + std::to_string(s.K * s.N * 2) + ")";
-  }
-  return "";
+           std::to_string(keys(s, ins.size()));
+  return check_inputs(s, ins);
 }
 
 std::string cuda_check(cudaError_t e, const char* what) {
   return e == cudaSuccess ? "" : std::string("loopback: ") + what + ": " + cudaGetErrorString(e);
 }
 
-std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const std::vector<std::vector<std::string>>& x,
-                       const std::vector<std::vector<std::string>>& w, int r) {
+std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const Inputs& ins, int r) {
   std::string err = cuda_check(cudaStreamCreateWithFlags(&rk.stream, cudaStreamNonBlocking), "stream");
   auto dev = [&](void** p, size_t n, const char* what) {
     if (err.empty()) err = cuda_check(cudaMalloc(p, n), what);
@@ -88,14 +113,16 @@ std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const std::vector<std::v
   dev(reinterpret_cast<void**>(&rk.heap), s.heap_bytes, "heap");
   if (err.empty()) err = cuda_check(cudaMemset(rk.heap, 0, s.heap_bytes), "zeroing the heap");
   dev(&rk.y, y_max(s), "y");
-  for (size_t k = 0; err.empty() && k < x.size(); ++k) {
-    rk.x.push_back(nullptr); rk.w.push_back(nullptr);
-    dev(&rk.x[k], x_bytes(s), "x");
-    dev(&rk.w[k], w[k][r].size(), "w");
-    if (err.empty()) err = cuda_check(cudaMemcpy(rk.x[k], x[k][r].data(), x_bytes(s), cudaMemcpyHostToDevice), "x");
-    if (err.empty()) err = cuda_check(cudaMemcpy(rk.w[k], w[k][r].data(), w[k][r].size(), cudaMemcpyHostToDevice), "w");
+  for (size_t k = 0; err.empty() && k < ins.size(); ++k) {
+    rk.in.emplace_back();
+    for (const std::string& a : ins[k][r]) {
+      rk.in[k].push_back(nullptr);
+      dev(&rk.in[k].back(), a.size(), "input");
+      if (err.empty())
+        err = cuda_check(cudaMemcpy(rk.in[k].back(), a.data(), a.size(), cudaMemcpyHostToDevice), "input");
+    }
   }
-  for (size_t c = 0; err.empty() && s.check && c < keys(s, x.size()); ++c) {  // timing keeps no outputs
+  for (size_t c = 0; err.empty() && s.check && c < keys(s, ins.size()); ++c) {  // timing keeps no outputs
     rk.first.push_back(nullptr);
     dev(&rk.first[c], y_bytes(s, s.ops[c % s.ops.size()]), "first output");
   }
@@ -104,12 +131,41 @@ std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const std::vector<std::v
 
 void free_rank(Rank& rk) {
   if (rk.stream) cudaStreamSynchronize(rk.stream);
-  for (void* p : rk.x) cudaFree(p);
-  for (void* p : rk.w) cudaFree(p);
+  for (auto& set : rk.in)
+    for (void* p : set) cudaFree(p);
   for (void* p : rk.first) cudaFree(p);
   cudaFree(rk.y);
   cudaFree(rk.heap);
   if (rk.stream) cudaStreamDestroy(rk.stream);
+}
+
+// One rank's launch of `op` through its handler body (fused_run.h), outputs
+// one after the other in y (loopback.h's table).
+xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStream_t stream, int ordinal,
+                          const GroupInfo& g, const std::vector<void*>& in, void* y, int64_t push) {
+  const auto bf16 = xla::ffi::DataType::BF16;
+  const size_t e = 2, r = s.rows, K = s.K, N = s.N, tp = s.tp;
+  char* out = static_cast<char*>(y);
+  const int64_t m = s.m_local > 0 ? s.m_local : s.rows;  // rows per batch of an AG op's shard
+  if (op == "ag_tn")
+    return ag_tn_run(stream, ordinal, g, 0,
+                     AgArgs{in[0], in[1], y, tp * r * N * e, bf16, s.rows, m, s.K, s.N, s.tp, s.cu_cap, s.knob,
+                            s.switching, push});
+  if (op == "tn_rs")
+    return tn_rs_run(stream, ordinal, g, 0,
+                     RsArgs{in[0], in[1], y, r * N * e, bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob, s.stage_bf16,
+                            s.switching, s.band_rows, push});
+  if (op == "ag_nn") {  // AgArgs in the gather's terms: rows of width N gathered, outputs of width K
+    AgArgs a{in[0], in[1], y, tp * r * K * e, bf16, s.rows, m, s.N, s.K, s.tp, s.cu_cap, s.knob, s.switching, push};
+    a.g_out = out + tp * r * K * e;
+    a.g_bytes = tp * r * N * e;
+    return ag_nn_run(stream, ordinal, g, 0, a);
+  }
+  if (op == "bulk_ag_nn")
+    return bulk_ag_nn_run(stream, ordinal, g, 0,
+                          BulkAgArgs{in[0], in[1], in[2], y, out + tp * r * K * e, tp * r * K * e, tp * r * K * e,
+                                     bf16, s.rows, m, s.K, s.N, s.tp, s.cu_cap, s.knob, s.switching});
+  return xla::ffi::Error::InvalidArgument("loopback: no launch for op '" + op + "'");
 }
 
 // Call i of rank r: poison y, launch, then keep (the first call of its set and
@@ -118,7 +174,7 @@ std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal
                     unsigned long long* diff) {
   Rank& rk = ranks[r];
   const std::string& op = s.ops[i % s.ops.size()];
-  const size_t k = (i / s.ops.size()) % rk.x.size(), yb = y_bytes(s, op);
+  const size_t k = (i / s.ops.size()) % rk.in.size(), yb = y_bytes(s, op);
   GroupInfo g;
   g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
   g.trace_list = r * (int)s.cu_cap;  // ranks share the device's trace lists: each gets its own
@@ -128,15 +184,7 @@ std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal
     const std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, yb, rk.stream), "poisoning y");
     if (!err.empty()) return err;
   }
-  const auto bf16 = xla::ffi::DataType::BF16;
-  const xla::ffi::Error e =
-      op == "ag_tn"
-          ? ag_tn_run(rk.stream, ordinal, g, 0,
-                      AgArgs{rk.x[k], rk.w[k], rk.y, yb, bf16, s.rows, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
-                             s.switching, push})
-          : tn_rs_run(rk.stream, ordinal, g, 0,
-                      RsArgs{rk.x[k], rk.w[k], rk.y, yb, bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob,
-                             s.stage_bf16, s.switching, s.band_rows, push});
+  const xla::ffi::Error e = launch_op(s, op, rk.stream, ordinal, g, rk.in[k], rk.y, push);
   if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(i) + ": " + e.message();
   if (!s.check) return "";
   const size_t c = i % rk.first.size();  // the first call with this set and op
@@ -177,13 +225,14 @@ std::string run_calls(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordin
 
 }  // namespace
 
-std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
-                         const std::vector<std::vector<std::string>>& w, LoopbackResult* out) {
+std::vector<std::string> loopback_ops() { return {"ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt"}; }
+
+std::string loopback_run(int ordinal, const LoopbackSpec& spec, const Inputs& ins, LoopbackResult* out) {
   DeviceEntry me;
   if (!Runtime::get().local(ordinal, &me))
     return "loopback: no runtime on device ordinal " + std::to_string(ordinal) +
            " (run kosmos_jax.runtime.init() first: it prepares the kernels)";
-  std::string err = check(spec, me.sm_count, x, w);
+  std::string err = check(spec, me.sm_count, ins);
   if (!err.empty()) return err;
   int prev = 0;
   cudaGetDevice(&prev);
@@ -194,7 +243,7 @@ std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vecto
   cudaFuncAttributes attr;
   err = cuda_check(cudaFuncGetAttributes(&attr, count_diff_u16), "loading the compare kernel");
   std::vector<Rank> ranks(spec.tp);
-  for (int r = 0; err.empty() && r < spec.tp; ++r) err = alloc_rank(ranks[r], spec, x, w, r);
+  for (int r = 0; err.empty() && r < spec.tp; ++r) err = alloc_rank(ranks[r], spec, ins, r);
   unsigned long long* diff = nullptr;
   if (err.empty()) err = cuda_check(cudaMalloc(&diff, spec.calls * sizeof(unsigned long long)), "counts");
   if (err.empty()) err = cuda_check(cudaMemset(diff, 0, spec.calls * sizeof(unsigned long long)), "counts");

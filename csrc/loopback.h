@@ -16,15 +16,16 @@
 namespace kosmos {
 
 struct LoopbackSpec {
-  // Call i runs ops[i % size] ("ag_tn" or "tn_rs") with input set (i / size) %
-  // sets: both ops in one run share every rank's heap, as a training step's
-  // column- and row-parallel layers do.
+  // Call i runs ops[i % size] (loopback_ops()) with input set (i / size) % sets:
+  // the ops of one run share every rank's heap, as a training step's column-
+  // and row-parallel layers do.
   std::vector<std::string> ops;
   int tp = 2;              // ranks, each its own heap, stream and launch
-  int64_t rows = 0;        // ag_tn: local rows per rank (x [rows, k]); tn_rs: rows per chunk
+  int64_t rows = 0;        // local (sequence-shard) rows per rank: tn_rs's and bulk_rs_nt's rows per chunk
   int64_t K = 0, N = 0;
+  int64_t m_local = 0;     // AG ops: rows per batch of the local shard (0: rows, one batch)
   int64_t cu_cap = 0;      // CTAs per rank; cu_cap * tp <= SMs, so every rank's CTAs co-reside
-  int64_t knob = -1;       // movers (ag_tn) or reducers (tn_rs); -1: the default policy
+  int64_t knob = -1;       // movers (AG ops) or reducers (RS ops); -1: the default policy
   int64_t switching = 1;
   int64_t stage_bf16 = 0, band_rows = 1;  // tn_rs only
   std::vector<int> push;   // call i runs transport push[i % size] (1: push, 0: pull)
@@ -37,7 +38,8 @@ struct LoopbackSpec {
 
 struct LoopbackResult {
   // first[c][r]: rank r's output bytes (bf16) of call c, for the first
-  // sets * ops calls (one per (set, op) pair; the later calls repeat them).
+  // sets * ops calls (one per (set, op) pair; the later calls repeat them): an
+  // op's outputs one after the other (loopback_ops()).
   std::vector<std::vector<std::string>> first;
   // mismatches[i]: 16-bit words of call i's outputs (every rank) that differ
   // from call i % (sets * ops), the first with its set and op; 0 for those.
@@ -45,11 +47,21 @@ struct LoopbackResult {
   double seconds = 0;  // wall time of all calls, host side, one sync at the end
 };
 
-// x[s][r], w[s][r]: input set s of rank r, bf16 bytes: x [tp*rows, K] when an
-// op is tn_rs (ag_tn reads its first `rows` rows), else [rows, K]; w [K, N].
+// The ops the hook runs, each with its inputs and outputs (bf16, row-major;
+// rows = spec.rows, tp = spec.tp; every leading batch dim folded into rows):
+//   ag_tn       x [rows, K], w [K, N]                      -> y [tp*rows, N]
+//   tn_rs       x [tp*rows, K], w [K, N]                   -> y [rows, N]
+//   ag_nn       dy [rows, N], w [K, N]                     -> dx [tp*rows, K], dy_g [tp*rows, N]
+//   bulk_ag_nn  x [rows, K], dy [tp*rows, N], w [K, N]     -> xg [tp*rows, K], dxp [tp*rows, K]
+//   bulk_rs_nt  dxp [tp*rows, K], xg [tp*rows, K], dy [tp*rows, N] -> dx [rows, K], dw [K, N]
+// An input may be longer than the op needs (ops of one run share input sets:
+// ag_tn reads the first rows of a tn_rs x).
+std::vector<std::string> loopback_ops();
+
+// ins[s][r][j]: input j of rank r in set s, bf16 bytes, as loopback_ops() lists.
 // Needs the runtime initialised on `ordinal` (kernels prepared). Returns "" or
 // an error naming the rank, the call and the values.
-std::string loopback_run(int ordinal, const LoopbackSpec& spec, const std::vector<std::vector<std::string>>& x,
-                         const std::vector<std::vector<std::string>>& w, LoopbackResult* out);
+std::string loopback_run(int ordinal, const LoopbackSpec& spec,
+                         const std::vector<std::vector<std::vector<std::string>>>& ins, LoopbackResult* out);
 
 }  // namespace kosmos

@@ -47,6 +47,12 @@ static nb::dict Registrations() {
   nb::dict tn_rs;
   tn_rs["CUDA"] = Encapsulate(kosmos_tn_rs_cuda);
   out["kosmos_tn_rs"] = tn_rs;
+  nb::dict ag_nn;
+  ag_nn["CUDA"] = Encapsulate(kosmos_ag_nn_cuda);
+  out["kosmos_ag_nn"] = ag_nn;
+  nb::dict bulk_ag_nn;
+  bulk_ag_nn["CUDA"] = Encapsulate(kosmos_bulk_ag_nn_cuda);
+  out["kosmos_bulk_ag_nn"] = bulk_ag_nn;
 #endif
   return out;
 }
@@ -77,6 +83,7 @@ static void HeapInit(const std::vector<int>& ordinals, const std::vector<int64_t
   std::string err = kosmos::Runtime::get().init_local(ordinals, global_ids, bytes);
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::ag_tn_prepare(ordinals[i]);
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::tn_rs_prepare(ordinals[i]);
+  for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::bulk_ag_nn_prepare(ordinals[i]);
   if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
 }
 
@@ -114,15 +121,18 @@ static std::tuple<nb::bytes, nb::bytes, uint32_t> TraceRead(int ordinal) {
 }
 
 // Test hook (loopback.h): a fused call's ranks as concurrent launches on one
-// GPU. x, w: [set][rank] bf16 bytes. Returns (first [call][rank] output bytes,
+// GPU. ins: [set][rank][input] bf16 bytes. Returns (first [call][rank] output bytes,
 // mismatches per call, seconds); raises on any error.
-static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
-  std::vector<std::vector<std::string>> out;
+static std::vector<std::vector<std::vector<std::string>>> BytesGrid(const nb::list& sets) {
+  std::vector<std::vector<std::vector<std::string>>> out;
   for (nb::handle set : sets) {
     out.emplace_back();
-    for (nb::handle b : nb::cast<nb::list>(set)) {
-      nb::bytes by = nb::cast<nb::bytes>(b);
-      out.back().emplace_back(static_cast<const char*>(by.data()), by.size());
+    for (nb::handle rank : nb::cast<nb::list>(set)) {
+      out.back().emplace_back();
+      for (nb::handle b : nb::cast<nb::list>(rank)) {
+        nb::bytes by = nb::cast<nb::bytes>(b);
+        out.back().back().emplace_back(static_cast<const char*>(by.data()), by.size());
+      }
     }
   }
   return out;
@@ -131,17 +141,17 @@ static std::vector<std::vector<std::string>> BytesGrid(const nb::list& sets) {
 static nb::tuple LoopbackRun(int ordinal, const std::vector<std::string>& ops, int tp, int64_t rows, int64_t k, int64_t n,
                              int64_t cu_cap, int64_t knob, int64_t switching, int64_t stage_bf16,
                              int64_t band_rows, const std::vector<int>& push, int calls, size_t heap_bytes,
-                             const nb::list& x, const nb::list& w, int check) {
+                             const nb::list& ins, int check, int64_t m_local) {
   kosmos::LoopbackSpec spec;
   spec.ops = ops; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
   spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.push = push;
-  spec.calls = calls; spec.heap_bytes = heap_bytes; spec.check = check;
+  spec.calls = calls; spec.heap_bytes = heap_bytes; spec.check = check; spec.m_local = m_local;
   kosmos::LoopbackResult res;
-  const auto xs = BytesGrid(x), ws = BytesGrid(w);
+  const auto in = BytesGrid(ins);
   std::string err;
   {
     nb::gil_scoped_release nogil;  // the calls may run for seconds
-    err = kosmos::loopback_run(ordinal, spec, xs, ws, &res);
+    err = kosmos::loopback_run(ordinal, spec, in, &res);
   }
   if (!err.empty()) throw std::runtime_error(err);
   nb::list first;
@@ -168,6 +178,8 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("matmul_engine_runs", &kosmos::matmul_engine_runs);  // test hook: launches per engine
   m.def("ag_tn_engine_runs", &kosmos::ag_tn_engine_runs);    // test hooks: launches per builder engine
   m.def("tn_rs_engine_runs", &kosmos::tn_rs_engine_runs);
+  m.def("ag_nn_engine_runs", &kosmos::ag_nn_engine_runs);
+  m.def("bulk_ag_nn_engine_runs", &kosmos::bulk_ag_nn_engine_runs);
   m.def("trace_compiled", &kosmos::trace_compiled);
   m.def("trace_enable", &TraceEnable);
   m.def("trace_disable", &kosmos::trace_disable);

@@ -8,7 +8,13 @@
 namespace kosmos {
 
 // Translation units that report through the mailbox.
-enum class TimeoutUnit : int { kAgTnSm90 = 0, kTnRsSm90 = 1, kCount = 2 };
+enum class TimeoutUnit : int {
+  kAgTnSm90 = 0,    // csrc/ag_tn_sm90.cu: ag_tn and ag_nn
+  kTnRsSm90 = 1,    // csrc/tn_rs_sm90.cu
+  kBulkAgSm90 = 2,  // csrc/bulk_ag_nn_sm90.cu
+  kBulkRsSm90 = 3,  // csrc/bulk_rs_nt_sm90.cu
+  kCount = 4
+};
 
 // The records of (ordinal, unit), creating the mailbox and starting its printer
 // on first use; nullptr when mapped host memory is unavailable (kernels then

@@ -8,7 +8,7 @@ Usage: python scripts/gpu_timelines.py [--out-dir benchmarks/results] [--m 8192 
          [--kernels ag_tn,tn_rs] [--loopback TP --arm pull|push|push_fold[+crewN...]]
 (ag_tn: M total rows, K, N per rank; tn_rs: the same M, K per rank = K, N = N).
 --loopback TP: every rank a concurrent launch on GPU 0 with SMs // TP CTAs
-(kosmos_jax/_loopback.py; knobs as benchmarks/loopback.py's --arms); the
+(kosmos_jax/testing/loopback.py; knobs as benchmarks/loopback.py's --arms); the
 timelines then show the roles without NVLink (a peer heap is GPU 0's memory)."""
 import argparse
 import os
@@ -46,12 +46,11 @@ def _loopback_records(kernel, tp, M, K, N, arm):
   """(records, dropped, title suffix) of one loopback call of `kernel` at TP `tp`."""
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
   import loopback as bench
-  from kosmos_jax import _loopback
+  from kosmos_jax.testing import loopback
   rows, rng = M // tp, np.random.default_rng(0)
-  xs = [[bench._tiles(rng, (rows if kernel == "ag_tn" else M, K)) for _ in range(tp)]]
-  ws = [[bench._tiles(rng, (K, N), K ** -0.5) for _ in range(tp)]]
+  inputs = [[bench.loopback_inputs(kernel, rng, tp, rows, K, N) for _ in range(tp)]]
   cap = jax.devices()[0].core_count // tp
-  recs, dropped = _loopback.capture([kernel], tp, rows, K, N, xs, ws, cu_cap=cap,
+  recs, dropped = loopback.capture([kernel], tp, rows, K, N, inputs, cu_cap=cap,
                                     heap_mb=bench.heap_mb(kernel, tp, rows, K, N),
                                     **bench.arm_knobs(arm, kernel, K, N, cap, jax.devices()[0].core_count))
   return recs, dropped, f"loopback TP {tp} on one GPU ({cap} CTAs per rank), {arm}"

@@ -61,8 +61,7 @@ def test_loopback_without_a_gpu_says_why():
   import jax
   if any(d.platform == "gpu" for d in jax.devices()):
     pytest.skip("a GPU is visible: tests/gpu/test_loopback.py runs the hook")
-  from kosmos_jax import _loopback
-  x = [[np.zeros((128, 64), L.BF16)] * 2]
-  w = [[np.zeros((64, 64), L.BF16)] * 2]
+  from kosmos_jax.testing import loopback
+  inputs = [[[np.zeros((128, 64), L.BF16), np.zeros((64, 64), L.BF16)]] * 2]
   with pytest.raises(NotImplementedError, match="GPU|CUDA"):
-    _loopback.run(["ag_tn"], 2, 128, 64, 64, x, w, cu_cap=4, calls=1)
+    loopback.run(["ag_tn"], 2, 128, 64, 64, inputs, cu_cap=4, calls=1)

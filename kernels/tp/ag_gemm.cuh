@@ -1,5 +1,8 @@
 // Fused all-gather + GEMM (paper §3.2.1): Y = allgather_rows(X) @ W in one
-// persistent launch. Movers pull peers' tile rows into this rank's gather slots
+// persistent launch; the same movers serve the row-parallel dgrad (ag_nn: W
+// read transposed, the gathered rows also returned) and, with builders that
+// wait for nothing, the bulk gather beside the column-parallel dgrad
+// (tp/bulk_ag.cuh). Movers pull peers' tile rows into this rank's gather slots
 // and release a per-row flag; builders run the local shard first, then peer tiles
 // in the order they are pulled; a mover with no moves left becomes a builder; a
 // builder whose rows nobody claimed pulls them itself (kernels/tp/ag_sched.h).
@@ -25,8 +28,11 @@ namespace kosmos {
 template <typename T>
 struct AgParams {
   const T* x;  // [batch * m_local, K] local shard
-  const T* w;  // [K, N]
+  const T* w;  // [K, N] (ag_tn), [N, K] (ag_nn: dX = dY @ w.T)
   T* y;        // [batch, tp * m_local, N]
+  // [batch, tp * m_local, K]: every shard's rows as all_gather_rows(x) lays
+  // them out, written by the movers (AgOp::kNn's gathered dY, kBulk's X).
+  T* g_out;
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
   int K, N;
@@ -48,7 +54,14 @@ struct AgShared {
 // the portable build(), `portable::TileSmem tile`. kPush: AgShape::push at
 // compile time (the Hopper push kernel); without it no push code is compiled,
 // which keeps the pull kernels' registers as they were.
-template <typename T, class Shared = AgShared, bool kPush = false>
+// Which op the movers and builders serve. kTn: ag_tn, Y = AG(x) @ w. kNn:
+// ag_nn, dX = AG(dY) @ w.T (w [N, K]), the gathered rows also land in g_out.
+// kBulk: bulk_ag_nn's gather, whose rows land in g_out only (its builders read
+// none of them, tp/bulk_ag.cuh). Compile-time, so ag_tn's kernels compile none
+// of the gathered output's code.
+enum class AgOp { kTn, kNn, kBulk };
+
+template <typename T, class Shared = AgShared, bool kPush = false, AgOp kOp = AgOp::kTn>
 struct AgDeviceOps {
   const AgParams<T>& p;
   Shared& sm;
@@ -79,6 +92,7 @@ struct AgDeviceOps {
   }
   KOSMOS_DEVICE void guard_data();
   KOSMOS_DEVICE void announce_ready();
+  KOSMOS_DEVICE void land(char* slot_dst, const char* from, int src, int t);
   KOSMOS_DEVICE void move(const AgMove& m, int i);
   KOSMOS_DEVICE void push(const AgMove& m, int i, size_t off, size_t bytes);
   KOSMOS_DEVICE void build(const AgBuild& b);
@@ -104,16 +118,16 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
 // The data region is overwritten (by a publish or a pull, or by the peers'
 // pushes after announce_ready) only after the last writer's readers are done
 // (tp/heap_use.cuh).
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::guard_data() {
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::guard_data() {
   heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
 }
 
 // Push transport: our gather region may take the peers' pushes of this epoch
 // once its last readers are done (guard_data); the peers poll ready[] in their
 // own control blocks, so the announcement is a remote store, not a remote poll.
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::announce_ready() {
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::announce_ready() {
   if constexpr (kPush) {
     guard_data();
     if (threadIdx.x == 0)
@@ -127,8 +141,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::announce_ready() {
 // every thread's remote stores before thread 0's system-scope release, which the
 // peer's builders acquire at system scope (and fence to the async proxy before
 // TMA reads the rows).
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::push(const AgMove& m, int i, size_t off, size_t bytes) {
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::push(const AgMove& m, int i, size_t off, size_t bytes) {
   const TraceSpan wait;
   if (threadIdx.x == 0) {
     wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
@@ -144,8 +158,27 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::push(const AgMove& m, int i, s
   }
 }
 
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
+// Tile row t of shard src, read at `from` (that shard's row 0), into this rank's
+// slot `slot_dst` (kBulk's pulls: nullptr, none) and, for kNn and kBulk, into
+// g_out: one contiguous run per batch the tile row spans, each vector read once
+// and stored to both.
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::land(char* slot_dst, const char* from, int src, int t) {
+  size_t off, bytes;
+  row_range(p, t, &off, &bytes);
+  if constexpr (kOp == AgOp::kTn) return cta_copy16<kMoveInFlight>(slot_dst + off, from + off, bytes);
+  const size_t rb = (size_t)p.K * sizeof(T);
+  const int r1 = min((t + 1) * portable::kBM, p.rows);
+  for (int g = t * portable::kBM; g < r1;) {
+    const int b = g / p.m_local, e = min(r1, (b + 1) * p.m_local);
+    char* out = reinterpret_cast<char*>(p.g_out) + (((size_t)b * p.tp + src) * p.m_local + (g - b * p.m_local)) * rb;
+    cta_copy16_to<kMoveInFlight, true>(out, slot_dst ? slot_dst + g * rb : nullptr, from + g * rb, (e - g) * rb);
+    g = e;
+  }
+}
+
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::move(const AgMove& m, int i) {
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
   guard_data();
@@ -154,7 +187,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
   }
   if (m.publish) {
     const TraceSpan span;
-    cta_copy16<kMoveInFlight>(slot(p.rank, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
+    land(slot(p.rank, p.rank), reinterpret_cast<const char*>(p.x), p.rank, m.t);
     __syncthreads();  // all writes of the row before the release below
     if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
     if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceMove, i);
@@ -167,21 +200,21 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::move(const AgMove& m, int i) {
   }
   __syncthreads();  // every thread's loads are ordered after thread 0's acquire
   const TraceSpan pull;
-  cta_copy16<kMoveInFlight>(slot(p.rank, m.src) + off, slot(m.src, m.src) + off, bytes);  // pull
+  land(kOp == AgOp::kBulk ? nullptr : slot(p.rank, m.src), slot(m.src, m.src), m.src, m.t);  // pull
   __syncthreads();
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
   if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
 }
 
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::build(const AgBuild& b) {
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::build(const AgBuild& b) {
   const TraceSpan span;
   const int r0 = b.t * portable::kBM;
   const int rows = min(portable::kBM, p.rows - r0);
   const T* a = b.src == p.rank ? p.x + (size_t)r0 * p.K
                                : reinterpret_cast<const T*>(slot(p.rank, b.src)) + (size_t)r0 * p.K;
   portable::Acc acc;
-  portable::tile_mma(a, rows, p.w, p.K, p.N, b.tn * portable::kBN, sm.tile, acc);
+  portable::tile_mma<T, kOp == AgOp::kNn>(a, rows, p.w, p.K, p.N, b.tn * portable::kBN, sm.tile, acc);
   // Flattened local row r of shard src -> row of the gathered [batch, tp*m_local] output.
   const int m = p.m_local, tp = p.tp, src = b.src;
   auto row_of = [=](int r) {
@@ -194,8 +227,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::build(const AgBuild& b) {
 
 // The last CTA to finish tells every peer we are done reading its slot for this
 // epoch, resets the queues and advances the epoch: no host work between launches.
-template <typename T, class Shared, bool kPush>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::finish(int grid) {
+template <typename T, class Shared, bool kPush, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
   ctrl->move_next = 0;
@@ -204,14 +237,25 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush>::finish(int grid) {
   store_release<Scope::kGpu>(&ctrl->epoch, epoch);
 }
 
+template <typename T, AgOp kOp>
+KOSMOS_DEVICE void ag_portable_cta(const AgParams<T>& p, AgShared& sm) {
+  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
+  AgDeviceOps<T, AgShared, false, kOp> ops{p, sm, ctrl, epoch, false};
+  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
+}
+
 // Dynamic shared memory is only padding: it makes two CTAs never fit on one SM.
+// ag_tn: Y = AG(x) @ w; ag_nn: dX = AG(dY) @ w.T, AG(dY) also written to g_out.
 template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) ag_tn_kernel(const AgParams<T> p) {
   __shared__ AgShared sm;
-  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
-  const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  AgDeviceOps<T> ops{p, sm, ctrl, epoch, false};
-  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
+  ag_portable_cta<T, AgOp::kTn>(p, sm);
+}
+template <typename T>
+__global__ void __launch_bounds__(portable::kThreads, 1) ag_nn_kernel(const AgParams<T> p) {
+  __shared__ AgShared sm;
+  ag_portable_cta<T, AgOp::kNn>(p, sm);
 }
 
 }  // namespace kosmos

@@ -109,7 +109,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.ag.heap[p.ag.rank] + p.ag.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, kPush> {
+  // An NN engine is ag_nn's (dX = AG(dY) @ w.T): its movers also return the gathered rows.
+  constexpr AgOp kOp = Cfg::kLayout == gemm::Layout::NN ? AgOp::kNn : AgOp::kTn;
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, kPush, kOp> {
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {

@@ -34,14 +34,14 @@ def _mesh_of(ctx, op):
   return mesh
 
 
-def _lower_group_op(op, ctx, x, w, *, axis_name, tp, cu_cap, **attrs):
+def _lower_group_op(op, ctx, *operands, axis_name, tp, cu_cap, **attrs):
   """The `kosmos_<op>` custom call with this mesh's groups and their control slots."""
   groups = runtime.groups_from_mesh(_mesh_of(ctx, op), axis_name)
   if groups.shape[1] != tp:
     raise ValueError(f"{op}: group size {groups.shape[1]} from the mesh != axis size {tp}")
   runtime.check_groups(op, groups)
   return jax.ffi.ffi_lowering(f"kosmos_{op}")(
-      ctx, x, w, groups=np.ascontiguousarray(groups.reshape(-1), np.int64), tp=np.int64(tp),
+      ctx, *operands, groups=np.ascontiguousarray(groups.reshape(-1), np.int64), tp=np.int64(tp),
       slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
 
 
@@ -86,17 +86,115 @@ def _sm_count() -> int | None:
 
 def builder_runs() -> dict[str, dict[str, int]]:
   """Test hook: fused launches per builder engine since the process started,
-  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}}."""
+  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}, ...} for every fused
+  TP+SP op compiled into the extension."""
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
     raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
-  return {"ag_tn": dict(mod.ag_tn_engine_runs()), "tn_rs": dict(mod.tn_rs_engine_runs())}
+  ops = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
+  return {op: dict(getattr(mod, f"{op}_engine_runs")()) for op in ops if hasattr(mod, f"{op}_engine_runs")}
 
 
-# Not the `auto` default: correct on 2xH200, but its portable SIMT builders run
-# ~40x slower than XLA's all-gather + cuBLAS (benchmarks/RESULTS.md) until the
-# Hopper tile engine builds its tiles.
+# Not the `auto` default: measured at TP 2 only (1.14x XLA's all-gather + cuBLAS
+# geomean on 2xH200, pull), so impl="fused" asks for it (benchmarks/RESULTS.md).
 register_fused("ag_tn", ag_tn_fused)
+
+
+# ---- ag_nn: dX = all_gather_rows(dY) @ w.T, and the gathered dY ---------------
+ag_nn_p = Primitive("kosmos_ag_nn")
+ag_nn_p.multiple_results = True
+
+
+def _ag_nn_abstract(dy, w, *, axis_name, tp, cu_cap, movers, switching):
+  rows = dy.shape[-2] * tp
+  return (dy.update(shape=(*dy.shape[:-2], rows, w.shape[0])), dy.update(shape=(*dy.shape[:-2], rows, dy.shape[-1])))
+
+
+def _ag_nn_lowering(ctx, dy, w, *, axis_name, tp, cu_cap, movers, switching):
+  return _lower_group_op("ag_nn", ctx, dy, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
+                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
+
+
+ag_nn_p.def_abstract_eval(_ag_nn_abstract)
+mlir.register_lowering(ag_nn_p, _ag_nn_lowering, platform="cuda")
+
+
+def _check_row_bytes(op: str, name: str, a) -> None:
+  # Movers copy each batch's run of gathered rows as 16-byte vectors, and the
+  # runs start on row boundaries of the gathered output.
+  row = int(a.shape[-1]) * a.dtype.itemsize
+  if row % 16:
+    raise ValueError(f"{op} (fused): rows of {name} are {row} bytes ({name}.shape[-1]={a.shape[-1]} x "
+                     f"{a.dtype.itemsize}); the fused kernel needs a multiple of 16 bytes (impl='reference' "
+                     "runs any width)")
+
+
+def _axis(axis_name):
+  return tuple(axis_name) if isinstance(axis_name, list) else axis_name
+
+
+def ag_nn_fused(dy, w, *, axis_name, return_gathered=False, cu_cap=None, movers=None, switching=True,
+                transport="pull"):
+  """all_gather_rows(dy) @ w.T in one persistent kernel (the row-parallel dgrad),
+  and all_gather_rows(dy) itself, written once by the movers as they deliver it
+  (the weight gradient's operand). The movers, transport and knobs are ag_tn's
+  (AgConfig; Hopper builders for bf16 on sm_90 with the engine's NN layout);
+  only the pull transport gathers into the returned array."""
+  if not _ext.has_target("kosmos_ag_nn", "cuda"):
+    raise NotImplementedError("kosmos_ag_nn is not compiled into this extension (CUDA build needed)")
+  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching, transport=transport)
+  if cfg.transport != "pull":
+    raise ValueError(f"ag_nn (fused): transport={cfg.transport!r} is not supported; the fused ag_nn gathers "
+                     "by pull (its movers write the returned gathered dy as they pull it)")
+  _check_row_bytes("ag_nn", "dy", dy)
+  runtime.init()  # trace time: heaps exist before any kernel runs
+  mv = _config.ag_movers(int(w.shape[0])) if cfg.movers is None else cfg.movers
+  tp = int(_compat.axis_size(axis_name))
+  dx, dy_g = ag_nn_p.bind(dy, w, axis_name=_axis(axis_name), tp=tp, cu_cap=cfg.cu_cap, movers=mv,
+                          switching=cfg.switching)
+  return (dx, dy_g) if return_gathered else dx
+
+
+register_fused("ag_nn", ag_nn_fused)
+
+
+# ---- bulk_ag_nn: (all_gather_rows(x), dy @ w.T) in one launch -----------------
+bulk_ag_nn_p = Primitive("kosmos_bulk_ag_nn")
+bulk_ag_nn_p.multiple_results = True
+
+
+def _bulk_ag_nn_abstract(x, dy, w, *, axis_name, tp, cu_cap, movers, switching):
+  return (x.update(shape=(*x.shape[:-2], x.shape[-2] * tp, x.shape[-1])),
+          dy.update(shape=(*dy.shape[:-1], w.shape[0])))
+
+
+def _bulk_ag_nn_lowering(ctx, x, dy, w, *, axis_name, tp, cu_cap, movers, switching):
+  return _lower_group_op("bulk_ag_nn", ctx, x, dy, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
+                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
+
+
+bulk_ag_nn_p.def_abstract_eval(_bulk_ag_nn_abstract)
+mlir.register_lowering(bulk_ag_nn_p, _bulk_ag_nn_lowering, platform="cuda")
+
+
+def bulk_ag_nn_fused(x, dy, w, *, axis_name, cu_cap=None, movers=None, switching=True):
+  """(all_gather_rows(x), dy @ w.T) in one persistent kernel: the gather the
+  column-parallel weight gradient needs runs beside the dgrad GEMM, which needs
+  no gathered row. Movers pull peers' rows straight into the gathered output
+  and build once the gather is done (AgConfig's movers and switching; pull)."""
+  if not _ext.has_target("kosmos_bulk_ag_nn", "cuda"):
+    raise NotImplementedError("kosmos_bulk_ag_nn is not compiled into this extension (CUDA build needed)")
+  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching)
+  _check_row_bytes("bulk_ag_nn", "x", x)
+  runtime.init()
+  mv = _config.ag_movers(int(w.shape[0])) if cfg.movers is None else cfg.movers
+  tp = int(_compat.axis_size(axis_name))
+  xg, dxp = bulk_ag_nn_p.bind(x, dy, w, axis_name=_axis(axis_name), tp=tp, cu_cap=cfg.cu_cap, movers=mv,
+                              switching=cfg.switching)
+  return xg, dxp
+
+
+register_fused("bulk_ag_nn", bulk_ag_nn_fused)
 
 
 # ---- tn_rs: Y = reduce_scatter_rows(X @ W) (kernels/tp/gemm_rs.cuh) -------------

@@ -51,13 +51,13 @@ def test_capture_records_every_cta_and_role(kernel):
 def test_loopback_capture_keeps_ranks_apart(kernel, transport):
   # Every rank on GPU 0: each rank's CTAs record into their own lists
   # (GroupInfo.trace_list), so both ranks' CTAs 0..cap-1 appear, once each per span.
-  from kosmos_jax import _loopback
+  from kosmos_jax.testing import loopback
   rng = np.random.default_rng(0)
   rows, k, n, cap = 512, 256, 512, 8
   x_rows = rows if kernel == "ag_tn" else 2 * rows
-  xs = [[rng.standard_normal((x_rows, k), np.float32).astype(jnp.bfloat16) for _ in range(2)]]
-  ws = [[(0.06 * rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16) for _ in range(2)]]
-  recs, dropped = _loopback.capture([kernel], 2, rows, k, n, xs, ws, cu_cap=cap, push=(transport,))
+  inputs = [[[rng.standard_normal((x_rows, k), np.float32).astype(jnp.bfloat16),
+              (0.06 * rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16)] for _ in range(2)]]
+  recs, dropped = loopback.capture([kernel], 2, rows, k, n, inputs, cu_cap=cap, push=(transport,))
   want = {"move", "build"} if kernel == "ag_tn" else {"reduce", "build"}
   assert dropped == 0 and want <= _roles(recs), (kernel, _roles(recs))
   for rank in (0, 1):

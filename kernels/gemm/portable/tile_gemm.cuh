@@ -25,7 +25,9 @@ struct Acc {
 };
 
 // acc = A[0:rows, :] @ W[:, n0:n0+kBN]; rows <= kBM, columns past N read as 0.
-template <typename T>
+// kWT: W is stored transposed, [N, K] row-major (the NN / dgrad layout: dX =
+// dY @ w.T with w [k, n]); its staging walks k fastest so loads coalesce.
+template <typename T, bool kWT = false>
 KOSMOS_DEVICE void tile_mma(const T* A, int rows, const T* W, int K, int N, int n0, TileSmem& sm, Acc& acc) {
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
 #pragma unroll
@@ -40,8 +42,10 @@ KOSMOS_DEVICE void tile_mma(const T* A, int rows, const T* W, int K, int N, int 
     }
 #pragma unroll
     for (int u = 0; u < kBK * kBN / kThreads; ++u) {
-      const int idx = tid + u * kThreads, r = idx / kBN, c = idx % kBN;
-      sm.w[r][c] = (k0 + r < K && n0 + c < N) ? to_f32(W[(size_t)(k0 + r) * N + n0 + c]) : 0.f;
+      const int idx = tid + u * kThreads;
+      const int r = kWT ? idx % kBK : idx / kBN, c = kWT ? idx / kBK : idx % kBN;
+      const size_t at = kWT ? (size_t)(n0 + c) * K + k0 + r : (size_t)(k0 + r) * N + n0 + c;
+      sm.w[r][c] = (k0 + r < K && n0 + c < N) ? to_f32(W[at]) : 0.f;
     }
     __syncthreads();
 #pragma unroll

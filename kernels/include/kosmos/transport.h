@@ -27,15 +27,19 @@ KOSMOS_DEVICE Vec16 load_cg(const Vec16* p) {
 #endif
 }
 
-// Copies `bytes` from src to dst with all threads of the CTA. Both pointers must
-// be 16-byte aligned; a tail that is not a whole vector is copied byte by byte.
-// The caller synchronises (barrier + release) after it. InFlight (loads each
-// thread issues before its first store) is a template knob so the transport
-// benchmark (benchmarks/transport/) can sweep it against the default.
-template <int InFlight = kInFlight>
-KOSMOS_DEVICE void cta_copy16(void* dst, const void* src, size_t bytes) {
+// Copies `bytes` from src to dst with all threads of the CTA; with kTwo, each
+// vector read is also stored to dst2 when dst2 is not null (one read of a
+// peer's row, two landings: the gather slot the builders read and the gathered
+// output XLA gets back). All pointers must be 16-byte aligned; a tail that is
+// not a whole vector is copied byte by byte. The caller synchronises (barrier +
+// release) after it. InFlight (loads each thread issues before its first store)
+// is a template knob so the transport benchmark (benchmarks/transport/) can
+// sweep it against the default.
+template <int InFlight = kInFlight, bool kTwo = false>
+KOSMOS_DEVICE void cta_copy16_to(void* dst, void* dst2, const void* src, size_t bytes) {
   const size_t nvec = bytes / kVecBytes;
   auto* d = static_cast<Vec16*>(dst);
+  auto* d2 = static_cast<Vec16*>(dst2);
   auto* s = static_cast<const Vec16*>(src);
   const size_t step = (size_t)blockDim.x * InFlight;
   for (size_t base = threadIdx.x; base < nvec; base += step) {
@@ -48,12 +52,24 @@ KOSMOS_DEVICE void cta_copy16(void* dst, const void* src, size_t bytes) {
 #pragma unroll
     for (int u = 0; u < InFlight; ++u) {
       const size_t i = base + (size_t)u * blockDim.x;
-      if (i < nvec) d[i] = v[u];
+      if (i < nvec) {
+        d[i] = v[u];
+        if (kTwo && d2 != nullptr) d2[i] = v[u];
+      }
     }
   }
   auto* db = static_cast<unsigned char*>(dst);
+  auto* db2 = static_cast<unsigned char*>(dst2);
   auto* sb = static_cast<const unsigned char*>(src);
-  for (size_t i = nvec * kVecBytes + threadIdx.x; i < bytes; i += blockDim.x) db[i] = sb[i];
+  for (size_t i = nvec * kVecBytes + threadIdx.x; i < bytes; i += blockDim.x) {
+    db[i] = sb[i];
+    if (kTwo && db2 != nullptr) db2[i] = sb[i];
+  }
+}
+
+template <int InFlight = kInFlight>
+KOSMOS_DEVICE void cta_copy16(void* dst, const void* src, size_t bytes) {
+  cta_copy16_to<InFlight, false>(dst, nullptr, src, bytes);
 }
 #endif  // KOSMOS_GPU
 

@@ -17,26 +17,30 @@ def _module():
   return mod
 
 
-def run(ops, tp, rows, k, n, xs, ws, *, cu_cap, calls, push=(0,), knob=-1, switching=True, stage_bf16=False,
-        band_rows=1, heap_mb=256, check=True, ordinal=0):
+def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, push=(0,), knob=-1, switching=True, stage_bf16=False,
+        band_rows=1, heap_mb=256, check=True, ordinal=0, m_local=0):
   """Runs `calls` calls; call i runs ops[i % len(ops)] on input set
-  (i // len(ops)) % len(xs) with transport push[i % len(push)].
+  (i // len(ops)) % len(inputs) with transport push[i % len(push)].
 
-  xs[s][r], ws[s][r]: bf16 numpy arrays of rank r in set s (x [tp*rows, k] when an
-  op is tn_rs, else [rows, k]; w [k, n]). Returns (first, mismatches, seconds):
-  first[c][r] the bytes of rank r's output of call c < len(xs) * len(ops) (the
-  first of its (set, op) pair), mismatches[i] the 16-bit words of call i that
+  inputs[s][r]: the bf16 numpy arrays of rank r in set s, in the order and shapes
+  csrc/loopback.h's table gives per op (e.g. ag_tn: x [rows, k], w [k, n]; an
+  input may be longer than an op reads, so ops of one run can share a set).
+  Returns (first, mismatches, seconds): first[c][r] the bytes of rank r's outputs
+  of call c < len(inputs) * len(ops) (the first of its (set, op) pair; an op's
+  outputs one after the other), mismatches[i] the 16-bit words of call i that
   differ from the first call of its pair; with check=False (timing) outputs are
-  neither poisoned nor kept and both lists are empty.
+  neither poisoned nor kept and both lists are empty. m_local (AG ops): rows per
+  batch of a rank's shard (0: one batch); the gathered rows are then laid out
+  batch-major, as all_gather_rows over a leading batch dim does.
   """
   runtime.init()  # prepares the kernels on every local device
+  ins = [[[np.ascontiguousarray(a).tobytes() for a in rank] for rank in s] for s in inputs]
   return _module().loopback_run(
       ordinal, list(ops), tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
-      [int(p) for p in push], calls, heap_mb << 20, [[np.ascontiguousarray(a).tobytes() for a in s] for s in xs],
-      [[np.ascontiguousarray(a).tobytes() for a in s] for s in ws], int(check))
+      [int(p) for p in push], calls, heap_mb << 20, ins, int(check), int(m_local))
 
 
-def capture(ops, tp, rows, k, n, xs, ws, *, cu_cap, cap=4096, warmup=3, ordinal=0, **kw):
+def capture(ops, tp, rows, k, n, inputs, *, cu_cap, cap=4096, warmup=3, ordinal=0, **kw):
   """(records, dropped): role timelines (kosmos_jax.trace) of one loopback call,
   after `warmup` untraced calls; needs a KOSMOS_TRACE build. Each record's rank
   is the loopback rank, its cta the CTA within that rank's launch."""
@@ -44,10 +48,10 @@ def capture(ops, tp, rows, k, n, xs, ws, *, cu_cap, cap=4096, warmup=3, ordinal=
   mod = trace.traced_module()
   if not isinstance(cap, int) or cap < 1:
     raise ValueError(f"capture: cap={cap!r} must be a positive int")
-  run(ops, tp, rows, k, n, xs, ws, cu_cap=cu_cap, calls=warmup, check=False, ordinal=ordinal, **kw)
+  run(ops, tp, rows, k, n, inputs, cu_cap=cu_cap, calls=warmup, check=False, ordinal=ordinal, **kw)
   mod.trace_enable(ordinal, cap)
   try:
-    run(ops, tp, rows, k, n, xs, ws, cu_cap=cu_cap, calls=1, check=False, ordinal=ordinal, **kw)
+    run(ops, tp, rows, k, n, inputs, cu_cap=cu_cap, calls=1, check=False, ordinal=ordinal, **kw)
   finally:
     mod.trace_disable(ordinal)
   raw, counts, c = mod.trace_read(ordinal)

@@ -1,0 +1,65 @@
+// Fused bulk all-gather || NN GEMM (paper §3.2, Figure 5: the column-parallel
+// backward). Two independent results in one persistent launch:
+//   xg  = all_gather_rows(x)   [batch, tp * m_local, k], for the weight gradient
+//   dxp = dy @ w.T             [M, k], this rank's partial of dX (no gathered row needed)
+// Movers run AG+GEMM's moves (tp/ag_gemm.cuh: publish own rows into this
+// rank's heap slot and into xg, then pull peers' rows straight into xg, since
+// no builder reads the slots: AgOp::kBulk); builders build dxp's tiles,
+// which wait for nothing; a mover whose queue is empty builds. The CTA life is
+// ag_cta_movers_move (tp/ag_sched.h): with at least one mover per rank (tp > 1)
+// every pull is claimed by a CTA that waits only on the peer's publishes, which
+// its movers claim first, and builders never wait, so no CTA waits on work no
+// running CTA has claimed, whatever the grid.
+#pragma once
+#include "gemm/tile_order.h"
+#include "tp/ag_gemm.cuh"
+
+namespace kosmos {
+
+template <typename T>
+struct BulkAgParams {
+  AgParams<T> ag;  // the gather: x [rows, k] -> ag.g_out; ag.w and ag.y unused; ag.shape.NT unused
+  const T* dy;     // [M, n], M = batch * tp * m_local (the full sequence)
+  const T* w;      // [k, n]
+  T* dx;           // [M, k] = dy @ w.T
+  int M, n, k;
+  int group;       // build order: bands of `group` tile rows walked column by column (<= 1: row-major)
+};
+
+// Tile j of the GEMM's build queue; the bands let co-running builders share a
+// few dy rows and a few w rows in L2.
+KOSMOS_HD inline gemm::TileCoord bulk_tile(int tiles_m, int tiles_n, int group, int j) {
+  if (group <= 1) return {j / tiles_n, j % tiles_n};
+  return gemm::SwizzledOrder{tiles_m, tiles_n, group}.at(j);
+}
+
+// The portable builders: dxp's 128x128 tiles on the SIMT engine.
+template <typename T>
+struct BulkAgOps : AgDeviceOps<T, AgShared, false, AgOp::kBulk> {
+  const BulkAgParams<T>& q;
+
+  KOSMOS_DEVICE void build_all() {
+    using namespace portable;
+    const int tm = gemm::ceil_div(q.M, kBM), tn = gemm::ceil_div(q.k, kBN);
+    for (int j = this->claim_build(); j < tm * tn; j = this->claim_build()) {
+      const TraceSpan span;
+      const gemm::TileCoord t = bulk_tile(tm, tn, q.group, j);
+      const int r0 = t.m * kBM, rows = min(kBM, q.M - r0);
+      Acc acc;
+      tile_mma<T, true>(q.dy + (size_t)r0 * q.n, rows, q.w, q.n, q.k, t.n * kBN, this->sm.tile, acc);
+      tile_store(acc, q.dx, rows, q.k, t.n * kBN, [=](int r) { return r0 + r; });
+      if (threadIdx.x == 0) span.close(this->p.trace, blockIdx.x, kTraceBuild, j);
+    }
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(portable::kThreads, 1) bulk_ag_nn_kernel(const BulkAgParams<T> q) {
+  __shared__ AgShared sm;
+  AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(q.ag.heap[q.ag.rank] + q.ag.ctrl_off);
+  const uint64_t epoch = launch_epoch(&ctrl->epoch);
+  BulkAgOps<T> ops{{q.ag, sm, ctrl, epoch, false}, q};
+  ag_cta_movers_move(ops, q.ag.shape, (int)blockIdx.x, (int)gridDim.x, q.ag.movers, q.ag.switching != 0);
+}
+
+}  // namespace kosmos
