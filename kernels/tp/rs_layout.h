@@ -7,6 +7,8 @@
 // group slot, as for AG), so both ops can share a group slot number. The fp32
 // staging buffer lives in the data region (kHeapDataOffset), laid out by
 // rs_stage_slot() in tp/rs_sched.h; HeapUse guards it across ops like AG's slots.
+// Bulk RS || NT (tp/bulk_rs.cuh) uses the same control blocks: why that is safe
+// is argued there.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +25,7 @@ struct RsCtrl {
   uint32_t build_next;   // GEMM tile queue counter (local; reset by the last CTA)
   uint32_t reduce_next;  // reduce queue counter (local; reset by the last CTA)
   uint32_t finished;     // CTAs done this launch
-  uint32_t pad_;
+  uint32_t move_next;    // bulk RS || NT's push queue counter (tp/bulk_rs_sched.h; tn_rs leaves it 0)
   // done[p] = last epoch in which peer p finished reading our staging buffer.
   uint64_t done[kMaxRanks];
   // ready[p] = last epoch in which peer p's staging took our pushes (RsShape::push).
