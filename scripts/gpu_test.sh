@@ -12,7 +12,8 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # EAGER: a lazy module load while a persistent kernel spins can deadlock (DESIGN.md §4).
 export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
-OUT=${OUT:-out}; mkdir -p "$OUT"
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 # The GPUs, the link topology and the toolchain, so a log says what it ran on.
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv; nvidia-smi topo -m; nvcc --version | tail -2

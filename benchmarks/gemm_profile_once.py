@@ -5,8 +5,8 @@ kernels), then brackets exactly one call of each arm with cuProfilerStart/Stop, 
 `ncu --profile-from-start off` records the two GEMM kernels and nothing else:
 
   ncu --profile-from-start off --clock-control none --section SpeedOfLight python3 \
-      scripts/gemm_profile_once.py --layout TN --shape 70B-FC1-MBS1
-(scripts/gpu_gemm_ncu.sh wraps this with the sections it records.) Without ncu the bracket is a
+      benchmarks/gemm_profile_once.py --layout TN --shape 70B-FC1-MBS1
+(`bash scripts/gpu_profile.sh ncu` wraps this with the sections it records.) Without ncu the bracket is a
 no-op and the script only runs; --impl reference runs it on CPU.
 """
 from __future__ import annotations

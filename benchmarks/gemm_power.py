@@ -7,9 +7,9 @@ spends more energy per FLOP, a power-capped GPU lowers its clock sooner. This ru
 clocks.sm, power.draw and temperature (read only: it never changes a setting), then prints per arm
 TF/s, median clock, median power and GFLOP per joule.
 
-  python3 scripts/gpu_gemm_power.py [--layout TN] [--shapes 70B-FC1-MBS1,405B-FC1-MBS8] [--seconds 3]
-  python3 scripts/gpu_gemm_power.py --impl reference --mnk 256,256,256 --seconds 0.2   # CPU smoke run
-Writes benchmarks/out/gemm_power.csv (--out). First run: benchmarks/RESULTS.md, 2026-12-01 (session 13).
+  python3 benchmarks/gemm_power.py [--layout TN] [--shapes 70B-FC1-MBS1,405B-FC1-MBS8] [--seconds 3]
+  python3 benchmarks/gemm_power.py --impl reference --mnk 256,256,256 --seconds 0.2   # CPU smoke run
+Writes benchmarks/out/gemm_power.csv (--out). Its last run: benchmarks/RESULTS.md, ops.matmul.
 """
 from __future__ import annotations
 
