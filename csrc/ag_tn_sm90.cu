@@ -57,6 +57,9 @@ cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
 cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
   if (ag.shape.push) return cudaErrorInvalidValue;  // ag_nn gathers by pull only
   AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}};
+  // The own shard's tiles read dY itself while the movers publish it (tp/ag_gemm_sm90.cuh, kOwnFromX).
+  p.own = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(
+      reinterpret_cast<const sm90::bf16*>(ag.x), ag.rows, ag.K, ag.K);
   ag_tn_sm90_kernel<AgNnCfg, false><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -10,7 +10,9 @@
 // (movers publish them there, which is also what peers pull). Push: the peers
 // write their rows there themselves and the own shard's tiles read x directly
 // through a second TMA descriptor (AgSm90Params::own, the engine's a_source
-// hook), so no builder waits for a publish and nothing is published. Rows past
+// hook), so no builder waits for a publish and nothing is published. ag_nn
+// (an NN Cfg: dX = AG(dY) @ w.T, the gathered dY returned) pulls, and its own
+// tiles read dY through that descriptor too while the movers publish. Rows past
 // a shard's end are never written and never stored (row_ptr masks them). With
 // tp == 1 there are no slots and A is x itself.
 #pragma once
@@ -47,11 +49,14 @@ struct AgSm90Sched {
 // By value, not a pointer into the kernel parameters: the epilogue stores through
 // row_ptr, and a pointer the compiler must assume those stores may alias would
 // reload every field (and redo the divisions) per stored element pair.
-// kPush: AgShape::push at compile time (a push's release is on the peer, and
-// the own shard is read from x: a_source).
-template <class Cfg, bool kPush>
+// kPush: AgShape::push at compile time (a push's release is on the peer).
+// kOwnFromX: the own shard's tiles read x itself (a_source), so no builder
+// waits for its own rows: push, where nothing is published, and ag_nn, whose
+// pull movers still publish (for the peers and the gathered output) while the
+// own tiles build. (Under ag_tn's pull the own tiles wait for the publish.)
+template <class Cfg, bool kPush, bool kOwnFromX = kPush>
 struct AgSm90Hooks {
-  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kPush;
+  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX;
   using TmaA = typename sm90::Params<Cfg>::TmaA;
   const TmaA* own;  // in the kernel parameters (TMA reads descriptors from parameter space)
   AgCtrl* ctrl;
@@ -69,7 +74,7 @@ struct AgSm90Hooks {
     if (tp == 1) return;
     const int src = t.m / T, tr = t.m % T;
     const bool own = src == rank;
-    if (kPush && own) return;  // x, complete before the launch (stream order)
+    if (kOwnFromX && own) return;  // x, complete before the launch (stream order)
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
     wait_ge<kPush ? Scope::kSys : Scope::kGpu>(
@@ -81,7 +86,7 @@ struct AgSm90Hooks {
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
   // Push: an own-shard tile reads x [rows, K] at its tile row within the shard.
   KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
-    if (!kPush || tp == 1 || t.m / T != rank) return nullptr;
+    if (!kOwnFromX || tp == 1 || t.m / T != rank) return nullptr;
     *a_rows = rows;
     *tile_m = t.m - rank * T;
     return own;
@@ -118,9 +123,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      AgSm90Hooks<Cfg, kPush> hooks{&pp.own, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
-                                    a.shape.T, a.rows, a.m_local, a.N, a.trace};
-      sm90::TileEngine<Cfg, gemm::bf16, AgSm90Hooks<Cfg, kPush>>::run(pp.g, s, sched, hooks);
+      using Hooks = AgSm90Hooks<Cfg, kPush, kPush || kOp == AgOp::kNn>;
+      Hooks hooks{&pp.own, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
+                  a.shape.T, a.rows, a.m_local, a.N, a.trace};
+      sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};

@@ -34,9 +34,10 @@ struct Rank {
   uint32_t move_next = 0, build_next = 0, finished = 0;
   std::vector<uint64_t> done, ready, pub, arrived, gather;  // gather[src*T + t]
   std::vector<uint32_t> moved, built;                       // exactly-once counters
+  std::vector<uint64_t> out;  // the gathered output (ag_nn, bulk_ag_nn): tag of each (src, t) row
   Rank(int tp, int T, int NT)
       : done(tp, 0), ready(tp, 0), pub(T, 0), arrived(tp * T, 0), gather(tp * T, 0),
-        moved(tp * T, 0), built(tp * T * NT, 0) {}
+        moved(tp * T, 0), built(tp * T * NT, 0), out(tp * T, 0) {}
 };
 
 struct Case {
@@ -45,6 +46,11 @@ struct Case {
   bool movers_move = false;    // ag_cta_movers_move (Hopper builders) instead of ag_cta
   bool switching = true;       // false: movers stop when their queue is empty (fixed split)
   int push = 0;                // AgShape::push (movers_move only); 2: alternate, pull on odd epochs
+  // The backward ops on the same movers (movers_move, pull): ag_nn returns the
+  // gathered rows and its own tiles read dY itself (AgOp::kNn, kOwnFromX);
+  // bulk_ag_nn's pulls land in the output only and its tiles wait for nothing
+  // (AgOp::kBulk, tp/bulk_ag.cuh).
+  enum Op { kTn, kNn, kBulk } op = kTn;
 };
 
 struct HostOps {
@@ -105,6 +111,7 @@ struct HostOps {
       guard_data();
       jitter();
       __atomic_store_n(&me().gather[rank * c.T + m.t], tag(e, rank, m.t), __ATOMIC_RELAXED);
+      if (c.op != Case::kTn) me().out[rank * c.T + m.t] = tag(e, rank, m.t);
       store_release<Scope::kSys>(&me().pub[m.t], e);
       return;
     }
@@ -114,7 +121,8 @@ struct HostOps {
     const uint64_t v = __atomic_load_n(&peer.gather[m.src * c.T + m.t], __ATOMIC_RELAXED);
     EMU_CHECK(v == tag(e, m.src, m.t), "rank %d pulled stale row (src %d, t %d) epoch %llu", rank, m.src,
               m.t, (unsigned long long)e);
-    __atomic_store_n(&me().gather[m.src * c.T + m.t], v, __ATOMIC_RELAXED);
+    if (c.op != Case::kBulk) __atomic_store_n(&me().gather[m.src * c.T + m.t], v, __ATOMIC_RELAXED);
+    if (c.op != Case::kTn) me().out[m.src * c.T + m.t] = v;
     store_release<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e);
   }
   // Hopper builders: claim until empty; a local tile waits for its publish, a
@@ -125,18 +133,23 @@ struct HostOps {
   void build_all() {
     for (int j = claim_build(); j < ag_n_build(s); j = claim_build()) {
       const AgBuild b = ag_build_item(s, j);
+      if (c.op == Case::kBulk) {  // dy @ w.T: reads no moved row, waits for nothing
+        __atomic_fetch_add(&me().built[(b.src * c.T + b.t) * c.NT + b.tn], 1u, __ATOMIC_RELAXED);
+        jitter();
+        continue;
+      }
       EMU_CHECK(b.src == rank || (b.move >= 0) != (s.push != 0), "rank %d: peer tile (src %d, t %d) move %d, push %d",
                 rank, b.src, b.t, b.move, s.push);
       if (b.src != rank)
         wait_ge<Scope::kSys>(&me().arrived[b.src * c.T + b.t], e, kTimeoutNs, site("arrived", b.src * c.T + b.t));
-      else if (c.tp > 1 && !s.push)  // push: the own shard is read from x
+      else if (c.tp > 1 && !s.push && c.op == Case::kTn)  // push and ag_nn: the own shard is read from x
         wait_ge<Scope::kSys>(&me().pub[b.t], e, kTimeoutNs, site("pub(local)", b.t));
       build(b);
     }
   }
   void build(const AgBuild& b) {
     // Hopper builders read every row from the slots, but under push their own from x.
-    if (b.src != rank || (c.movers_move && c.tp > 1 && !s.push)) {
+    if (b.src != rank || (c.movers_move && c.tp > 1 && !s.push && c.op == Case::kTn)) {
       const uint64_t v = __atomic_load_n(&me().gather[b.src * c.T + b.t], __ATOMIC_RELAXED);
       EMU_CHECK(v == tag(e, b.src, b.t), "rank %d built tile (src %d, t %d) on stale rows", rank, b.src, b.t);
     }
@@ -180,6 +193,9 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
       EMU_CHECK(n == 1, "tp=%d W=%d rank %d: tile (src %d, t %d, tn %d) built %u times", c.tp, c.W, rank,
                 b.src, b.t, b.tn, n);
     }
+    for (int q = 0; c.op != Case::kTn && c.tp > 1 && q < c.tp * c.T; ++q)  // the gathered output, complete
+      EMU_CHECK(r.out[q] == tag(e, q / c.T, q % c.T), "tp=%d W=%d rank %d epoch %llu: gathered row (src %d, t %d) "
+                "stale or missing", c.tp, c.W, rank, (unsigned long long)e, q / c.T, q % c.T);
   }
 }
 
@@ -214,6 +230,25 @@ int main() {
     cases.push_back({2, 3, 1, 3, 4, 4, 20, 2, true, false, push});
     cases.push_back({8, 9, 2, 4, 3, 4, 5, 3, true, true, push});
     cases.push_back({2, 1, 1, 6, 4, 8, 0, 1, true, true, push});
+  }
+  // The backward ops: ag_nn on both lives, bulk_ag_nn on the movers-move life
+  // (both engines' bulk kernels), one CTA, all movers, fixed splits, 8 ranks.
+  for (Case::Op op : {Case::kNn, Case::kBulk})
+    for (int tp : {1, 2, 3, 4})
+      for (int W : {1, 3})
+        for (int movers : {1, W})
+          for (bool hopper : {false, true}) {
+            if (op == Case::kBulk && !hopper) continue;
+            Case c{tp, W, movers, 3, 4, 3, 20, 2, hopper};
+            c.op = op;
+            cases.push_back(c);
+          }
+  for (Case::Op op : {Case::kNn, Case::kBulk}) {
+    Case fixed{2, 3, 1, 3, 4, 3, 20, 2, true, false};
+    Case wide{8, 9, 2, 4, 3, 3, 5, 3, true};
+    fixed.op = wide.op = op;
+    cases.push_back(fixed);
+    cases.push_back(wide);
   }
   unsigned seed = 1;
   for (const Case& c : cases) {
