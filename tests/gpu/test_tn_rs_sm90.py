@@ -199,7 +199,7 @@ def test_push_needs_hopper_builders():
 
 # ---- push_fold (RsConfig.transport="push_fold"): pushed partials, no reducers; each
 # owner adds its peers' partials in the epilogue of its own tiles. Same bits again.
-# (Named *push* so that gpu_tp_sp_acceptance.sh's "-k push" step runs them.)
+# (Named *push* so that `scripts/gpu_bench.sh tp_sp`'s "-k push" step runs them.)
 
 @pytest.mark.parametrize("lead,m,k,n", SHAPES)
 def test_sm90_push_fold_matches_twin_and_oracle(lead, m, k, n):

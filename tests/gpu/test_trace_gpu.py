@@ -1,5 +1,5 @@
 """Role timelines recorded by the fused kernels (kosmos_jax.trace.capture). Runs only
-with an extension built with KOSMOS_TRACE=ON (`TRACE=1 bash scripts/gpu_check.sh`);
+with an extension built with KOSMOS_TRACE=ON (`TRACE=1 bash scripts/gpu_test.sh`);
 skipped otherwise."""
 import jax
 import jax.numpy as jnp
