@@ -68,4 +68,22 @@ xla::ffi::Error bulk_ag_nn_run(CUstream_st* stream, int ordinal, const GroupInfo
                                const BulkAgArgs& a);
 xla::ffi::Error tn_rs_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const RsArgs& a);
 
+// One rank's call of kosmos_bulk_rs_nt: dx [rows, K] = chunk `rank` of
+// reduce_scatter_rows(dxp [tp*rows, K], rank-major: chunk c = rows [c*rows,
+// (c+1)*rows)) beside dw [K, N] = xg [M, K]^T @ dy [M, N], M = tp * rows; the
+// knobs as the FFI attributes (movers -1: the default policy).
+struct BulkRsArgs {
+  const void* dxp;
+  const void* xg;
+  const void* dy;
+  void* dx;
+  void* dw;
+  size_t dx_bytes, dw_bytes;
+  xla::ffi::DataType dtype;
+  int64_t rows, K, N;
+  int64_t tp, cu_cap, movers, switching;
+};
+xla::ffi::Error bulk_rs_nt_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot,
+                               const BulkRsArgs& a);
+
 }  // namespace kosmos

@@ -17,4 +17,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_tn_rs_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_nn_cuda);
 // kosmos_bulk_ag_nn: allgather_rows(x) beside dy @ w.T, fused (kernels/tp/bulk_ag.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_ag_nn_cuda);
+// kosmos_bulk_rs_nt: reduce_scatter_rows(dx_partial) beside x_gathered.T @ dy, fused (kernels/tp/bulk_rs.cuh).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
 #endif

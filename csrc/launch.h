@@ -97,6 +97,7 @@ uint64_t timeout_ns();
 std::string ag_tn_prepare(int ordinal);  // ag_tn and ag_nn
 std::string bulk_ag_nn_prepare(int ordinal);
 std::string tn_rs_prepare(int ordinal);
+std::string bulk_rs_nt_prepare(int ordinal);
 
 // Test hooks: fused launches per builder engine since the process started, as
 // (engine, count): "sm90" (Hopper builders), "portable".
@@ -104,5 +105,6 @@ std::vector<std::pair<std::string, long long>> ag_tn_engine_runs();
 std::vector<std::pair<std::string, long long>> ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> tn_rs_engine_runs();
+std::vector<std::pair<std::string, long long>> bulk_rs_nt_engine_runs();
 
 }  // namespace kosmos

@@ -53,6 +53,9 @@ static nb::dict Registrations() {
   nb::dict bulk_ag_nn;
   bulk_ag_nn["CUDA"] = Encapsulate(kosmos_bulk_ag_nn_cuda);
   out["kosmos_bulk_ag_nn"] = bulk_ag_nn;
+  nb::dict bulk_rs_nt;
+  bulk_rs_nt["CUDA"] = Encapsulate(kosmos_bulk_rs_nt_cuda);
+  out["kosmos_bulk_rs_nt"] = bulk_rs_nt;
 #endif
   return out;
 }
@@ -84,6 +87,7 @@ static void HeapInit(const std::vector<int>& ordinals, const std::vector<int64_t
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::ag_tn_prepare(ordinals[i]);
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::tn_rs_prepare(ordinals[i]);
   for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::bulk_ag_nn_prepare(ordinals[i]);
+  for (size_t i = 0; err.empty() && i < ordinals.size(); ++i) err = kosmos::bulk_rs_nt_prepare(ordinals[i]);
   if (!err.empty()) throw std::runtime_error("kosmos runtime: " + err);
 }
 
@@ -180,6 +184,7 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("tn_rs_engine_runs", &kosmos::tn_rs_engine_runs);
   m.def("ag_nn_engine_runs", &kosmos::ag_nn_engine_runs);
   m.def("bulk_ag_nn_engine_runs", &kosmos::bulk_ag_nn_engine_runs);
+  m.def("bulk_rs_nt_engine_runs", &kosmos::bulk_rs_nt_engine_runs);
   m.def("trace_compiled", &kosmos::trace_compiled);
   m.def("trace_enable", &TraceEnable);
   m.def("trace_disable", &kosmos::trace_disable);

@@ -29,10 +29,10 @@
 // announced its staging free); a reduce waits on every peer's push of that band
 // to us; builds wait on nothing; the announcement waits only on the previous
 // epoch's readers (tp/heap_use.cuh), which finish by induction on epochs.
-// (1) Every CTA announces before its first wait of the epoch (bulk_rs_comm), and
-// a CTA reaches its first wait only through builds, which never block; so each
-// rank announces as soon as any of its CTAs leaves the GEMM queue or starts as
-// a mover, and every push completes. (2) A CTA reduces only after its rank's
+// (1) Every CTA announces before its first wait of the epoch (bulk_rs_push_all),
+// and a CTA reaches its first wait only through builds, which never block; so
+// each rank announces as soon as any of its CTAs leaves the GEMM queue or starts
+// as a mover, and every push completes. (2) A CTA reduces only after its rank's
 // push queue is exhausted (the drain), so on every rank each push is claimed by
 // a running CTA before any CTA there reduces; by (1) it completes. A reducer's
 // waits are therefore on pushes that complete, whatever the residency. In the
@@ -97,14 +97,12 @@ KOSMOS_HD inline BulkSlice bulk_reduce_item(const BulkRsShape& s, int q) {
 // h's own (its reducers read their own partial straight from dx_partial).
 KOSMOS_HD inline int bulk_stage_pos(int writer, int home) { return writer < home ? writer : writer - 1; }
 
-// The communication phase's first step: announce our staging free (once per
-// CTA, before any wait of the epoch), then claim pushes until none is left.
+// The communication phase's first step: announce our staging free (a CTA's
+// first communication phase, before any wait of the epoch), then claim pushes
+// until none is left.
 template <class Ops>
-KOSMOS_HD void bulk_rs_push_all(Ops& ops, const BulkRsShape& s, bool& announced) {
-  if (s.tp > 1 && !announced) {
-    ops.announce_ready();
-    announced = true;
-  }
+KOSMOS_HD void bulk_rs_push_all(Ops& ops, const BulkRsShape& s, bool announce) {
+  if (announce && s.tp > 1) ops.announce_ready();
   const int n = bulk_n_push(s);
   for (int i = ops.claim_push(); i < n; i = ops.claim_push()) ops.push(bulk_push_item(s, i), i);
 }
@@ -112,8 +110,8 @@ KOSMOS_HD void bulk_rs_push_all(Ops& ops, const BulkRsShape& s, bool& announced)
 // Pushes (those left), then reduces: only after this rank's push queue is
 // exhausted, so every push a peer's reducer waits for is claimed by a running CTA.
 template <class Ops>
-KOSMOS_HD void bulk_rs_comm(Ops& ops, const BulkRsShape& s, bool& announced) {
-  bulk_rs_push_all(ops, s, announced);
+KOSMOS_HD void bulk_rs_comm(Ops& ops, const BulkRsShape& s, bool announce) {
+  bulk_rs_push_all(ops, s, announce);
   const int n = bulk_n_reduce(s);
   for (int q = ops.claim_reduce(); q < n; q = ops.claim_reduce()) ops.reduce(bulk_reduce_item(s, q));
 }
@@ -122,14 +120,16 @@ KOSMOS_HD void bulk_rs_comm(Ops& ops, const BulkRsShape& s, bool& announced) {
 // every thread, waits by one thread then a barrier, the copies, the sums and
 // build_all (claim GEMM tiles until the queue is empty: the portable engine's
 // thread 0 or the Hopper engine's producer thread claims; no CTA-wide work runs
-// inside it, which is why movers and reducers are roles outside it).
+// inside it, which is why movers and reducers are roles outside it). A mover
+// announces before its pushes, anyone else before its drain; nothing of the
+// CTA's state but its role lives across build_all (the Hopper producer runs it
+// on 40 registers).
 template <class Ops>
 KOSMOS_HD void bulk_rs_cta(Ops& ops, const BulkRsShape& s, int cta, int grid, int movers, bool switching = true) {
   const bool mover = initial_role(cta, grid, movers) == Role::kMover;
-  bool announced = false;
-  if (mover) bulk_rs_push_all(ops, s, announced);
+  if (mover) bulk_rs_push_all(ops, s, true);
   if (!mover || switching) ops.build_all();
-  if (mover || switching) bulk_rs_comm(ops, s, announced);
+  if (mover || switching) bulk_rs_comm(ops, s, !mover);
   ops.finish(grid);
 }
 

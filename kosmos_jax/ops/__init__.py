@@ -3,6 +3,7 @@ reference twin (KOSMOS_IMPL=auto|reference|fused, or `impl=` per call)."""
 from kosmos_jax.ops._dispatch import auto_note, choose, default_impl, fused_status
 from kosmos_jax.ops import _fused_tp  # noqa: F401  (registers the fused kernels)
 from kosmos_jax.ops import _fused_gemm  # noqa: F401  (registers the fused matmul)
+from kosmos_jax.ops import _fused_bulk_rs  # noqa: F401  (registers the fused bulk RS || NT)
 from kosmos_jax.ops.copy import copy
 from kosmos_jax.ops.matmul import matmul
 from kosmos_jax.ops.moe import moe_backward, moe_forward
