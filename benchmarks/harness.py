@@ -147,8 +147,9 @@ def time_sustained(fns: dict[str, Callable], input_sets: Sequence[tuple], *, cal
 
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
+  fields = list(dict.fromkeys(k for r in rows for k in r))  # every row's columns, first-seen order
   with path.open("w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w = csv.DictWriter(f, fieldnames=fields, restval="")
     w.writeheader()
     w.writerows(rows)
 

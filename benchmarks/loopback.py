@@ -198,9 +198,11 @@ def bench_shape(kernel, shape, args, sms) -> dict:
 
 
 def _arms(kernel, arms: str) -> list[str]:
-  """The --arms that apply to `kernel` (the AG backward ops gather by pull only)."""
+  """The --arms that apply to `kernel` (the AG backward ops gather by pull only,
+  bulk_rs_nt's reduce-scatter is push only)."""
   out = [a for a in arms.split(",")
          if not (kernel in ("ag_nn", "bulk_ag_nn") and not a.startswith("pull"))
+         and not (kernel == "bulk_rs_nt" and a.split("+")[0] != "push")
          and not (kernel != "tn_rs" and a.startswith("push_fold"))]
   if not out:
     raise SystemExit(f"no arm of {arms!r} applies to {kernel}")

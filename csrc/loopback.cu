@@ -165,6 +165,10 @@ xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStre
     return bulk_ag_nn_run(stream, ordinal, g, 0,
                           BulkAgArgs{in[0], in[1], in[2], y, out + tp * r * K * e, tp * r * K * e, tp * r * K * e,
                                      bf16, s.rows, m, s.K, s.N, s.tp, s.cu_cap, s.knob, s.switching});
+  if (op == "bulk_rs_nt")
+    return bulk_rs_nt_run(stream, ordinal, g, 0,
+                          BulkRsArgs{in[0], in[1], in[2], y, out + r * K * e, r * K * e, K * N * e, bf16, s.rows, s.K,
+                                     s.N, s.tp, s.cu_cap, s.knob, s.switching});
   return xla::ffi::Error::InvalidArgument("loopback: no launch for op '" + op + "'");
 }
 

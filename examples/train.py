@@ -75,13 +75,14 @@ def batches(args, seed):
     yield win[:, :-1], win[:, 1:]
 
 
-OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "matmul", "moe_forward", "moe_backward")
+TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "matmul")
+MOE_OPS = ("moe_forward", "moe_backward")
 
 
-def path_ran() -> str:
-  """Which path each op takes here under KOSMOS_IMPL (default auto), and why."""
+def path_ran(moe: bool) -> str:
+  """Which path each op the model calls takes here under KOSMOS_IMPL (default auto), and why."""
   try:
-    chosen = {op: ops.choose(op, None) for op in OPS}
+    chosen = {op: ops.choose(op, None) for op in TP_OPS + (MOE_OPS if moe else ())}
   except NotImplementedError as e:  # KOSMOS_IMPL=fused where a kernel cannot run
     raise SystemExit(str(e)) from None
   fused = [op for op, c in chosen.items() if c == "fused"]
@@ -132,7 +133,7 @@ def main(argv=None):
   cfg = model_lib.Config(vocab=256, hidden=args.hidden, heads=args.heads, layers=args.layers,
                          seq=args.seq, moe=args.moe)
   print(f"devices: {len(jax.devices())} x {jax.devices()[0].platform}, mesh {dict(mesh.shape)}, "
-        f"{'MoE (EP over tp)' if args.moe else 'MLP'}; path: {path_ran()}")
+        f"{'MoE (EP over tp)' if args.moe else 'MLP'}; path: {path_ran(args.moe)}")
   with jax.set_mesh(mesh):
     model = model_lib.Decoder(cfg, mesh=mesh, rngs=nnx.Rngs(args.seed))
     params0 = twin_lib.host_params(model)
