@@ -20,6 +20,17 @@ def vma(x) -> frozenset:
   return frozenset(getattr(aval, "vma", None) or ())  # older spelling
 
 
+def vma_checked() -> bool:
+  """Whether the enclosing shard_map types values by the axes they vary over
+  (check_vma=True, its default). With check_vma=False `vma` is always empty, so
+  "does not vary" cannot be told from "not tracked"."""
+  try:
+    from jax._src import config as _config
+    return bool(_config._check_vma.value)
+  except (ImportError, AttributeError):  # moved in a later JAX: treat as untracked
+    return False
+
+
 def reduce_to_vma(ct, target: frozenset):
   """Sum a cotangent over the mesh axes it varies in but its primal did not.
 

@@ -4,6 +4,9 @@ Both functions are per-device: call them inside `jax.shard_map` over the TP axis
 (the `kosmos_jax.nn` modules do). Activations outside the pair are sequence-sharded.
 The gathered / scattered dimension is the sequence dimension just before the
 features (axis -2); any leading batch dims are carried along, e.g. [batch, seq, hidden].
+Each rank's input must be its own shard (varying over the TP axis): a replicated one
+raises a ValueError, except under shard_map(check_vma=False), which hides replication
+from the ops, so that there a replicated input gives a wrong answer without an error.
 
 The backward rules use exactly the ops the paper pairs, so replacing a reference
 twin by its fused kernel changes no rule:

@@ -68,3 +68,15 @@ def test_auto_needs_an_auto_registration(monkeypatch):
   _dispatch.register_fused("toy", lambda *a: None, auto=True)
   assert _dispatch.choose("toy", "auto") == "fused"
   assert _dispatch.auto_note("toy") == ""
+
+
+def test_one_spelling_rule_for_impl(monkeypatch):
+  """Issue 24.6: impl='Reference' was rejected while KOSMOS_IMPL=Reference was accepted."""
+  for bad in ("Reference", " reference", "FUSED"):
+    with pytest.raises(ValueError, match=rf"impl={bad!r} must be one of"):
+      _dispatch.choose("ag_tn", bad)
+    monkeypatch.setenv("KOSMOS_IMPL", bad)
+    with pytest.raises(ValueError, match=rf"KOSMOS_IMPL={bad!r} must be one of"):
+      _dispatch.default_impl()
+  monkeypatch.setenv("KOSMOS_IMPL", "")
+  assert _dispatch.default_impl() == "auto"  # set but empty: as if unset

@@ -63,3 +63,31 @@ def same_leading(op: str, **arrays) -> None:
 def divisible(op: str, name: str, value: int, by_name: str, by: int) -> None:
   if value % by:
     raise ValueError(f"{op}: {name}={value} must be a multiple of {by_name}={by}")
+
+
+def nonempty(op: str, **arrays) -> None:
+  """No zero-size dimension (XLA would accept the trace and fail in lowering)."""
+  for name, a in arrays.items():
+    if 0 in a.shape:
+      raise ValueError(f"{op}: {name}.shape={tuple(a.shape)} has a zero-size dimension; every "
+                       "dimension must be >= 1")
+
+
+def varies(op: str, name: str, a, axis_name, size: int, spec: str, wrong: str) -> None:
+  """`a` is split over `axis_name` (each rank holds its own part), not replicated.
+  `spec`: the expected in_specs, with {axis} for the axis name; `wrong`: what a
+  replicated operand would do.
+
+  A replicated operand type-checks and runs, but gathering it repeats it tp times and
+  reduce-scattering it sums it tp times. Only checkable where shard_map tracks
+  varying axes (check_vma=True, the default); at size 1 replication is harmless.
+  """
+  if size == 1 or not _compat.vma_checked():
+    return
+  axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+  seen = _compat.vma(a)
+  if not all(ax in seen for ax in axes):
+    raise ValueError(
+        f"{op}: {name} does not vary over axis_name={axis_name!r} (it varies over "
+        f"{sorted(seen) or 'no axis'}): {name} must be each rank's own part, e.g. shard_map "
+        f"in_specs {spec.format(axis=repr(axis_name))}; a replicated {name} would {wrong}")

@@ -36,10 +36,16 @@ def register_fused(op: str, fn: Callable, *, auto: bool = False) -> None:
   (_AUTO.add if auto else _AUTO.discard)(op)
 
 
-def default_impl() -> str:
-  impl = os.environ.get("KOSMOS_IMPL", "auto").strip().lower() or "auto"
+def check_impl(impl, *, source: str = "impl") -> None:
+  """One rule for every spelling of the path choice (argument, env var, module
+  constructor): exactly one of IMPLS, lower case; `source` names where it came from."""
   if impl not in IMPLS:
-    raise ValueError(f"KOSMOS_IMPL={impl!r} must be one of {IMPLS}")
+    raise ValueError(f"{source}={impl!r} must be one of {IMPLS}")
+
+
+def default_impl() -> str:
+  impl = os.environ.get("KOSMOS_IMPL", "") or "auto"  # set but empty counts as unset
+  check_impl(impl, source="KOSMOS_IMPL")
   return impl
 
 
@@ -56,8 +62,7 @@ def fused_status(op: str):
 def choose(op: str, impl: str | None) -> str:
   """Resolve `impl` (None = KOSMOS_IMPL) to 'reference' or 'fused' for `op`."""
   impl = default_impl() if impl is None else impl
-  if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+  check_impl(impl)
   if impl == "reference":
     return "reference"
   ok, why = fused_status(op)

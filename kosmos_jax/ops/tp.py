@@ -14,6 +14,12 @@ gathered/scattered axis is the sequence axis -2; leading batch dims allowed):
 
 `cu_cap` limits the fused kernel's grid to that many SMs (paper §3.1.2); the
 reference path accepts and ignores it.
+
+Every op raises a ValueError, before lowering, when an operand has a zero-size
+dimension, or when the operand it gathers or reduce-scatters does not vary over
+`axis_name` (a replicated activation would be gathered, or summed, tp times). The
+second check needs shard_map's varying-axes typing: under check_vma=False it cannot
+see replication, and such an operand gives a wrong answer without an error.
 """
 from __future__ import annotations
 
@@ -39,10 +45,13 @@ def _run(op: str, impl, args: tuple, kwargs: dict):
 def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None):
   """Y = all_gather_rows(x) @ w: the column-parallel forward."""
   op = "ag_tn"
-  chk.axis_size(op, axis_name)
+  tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, x=x, w=w)
   chk.ndim_at_least(op, "x", x, 2)
   chk.rank2(op, "w", w)
+  chk.nonempty(op, x=x, w=w)
+  chk.varies(op, "x", x, axis_name, tp, "P(..., {axis}, None) (sequence-sharded)",
+             f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   _cap(op, cu_cap)
   return _run(op, impl, (x, w), dict(axis_name=axis_name, cu_cap=cu_cap))
@@ -55,6 +64,9 @@ def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None):
   chk.dtypes(op, x=x, w=w)
   chk.ndim_at_least(op, "x", x, 2)
   chk.rank2(op, "w", w)
+  chk.nonempty(op, x=x, w=w)
+  chk.varies(op, "x", x, axis_name, tp, "P(..., None, {axis}) (feature-sharded)",
+             f"be summed {tp} times")
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   chk.divisible(op, "m", x.shape[-2], "tp", tp)
   _cap(op, cu_cap)
@@ -65,10 +77,13 @@ def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None):
   """dX = all_gather_rows(dy) @ w.T: the row-parallel data gradient; with
   `return_gathered` also returns the gathered dy for the weight gradient."""
   op = "ag_nn"
-  chk.axis_size(op, axis_name)
+  tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, dy=dy, w=w)
   chk.ndim_at_least(op, "dy", dy, 2)
   chk.rank2(op, "w", w)
+  chk.nonempty(op, dy=dy, w=w)
+  chk.varies(op, "dy", dy, axis_name, tp, "P(..., {axis}, None) (sequence-sharded)",
+             f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
   _cap(op, cu_cap)
   return _run(op, impl, (dy, w),
@@ -84,6 +99,9 @@ def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None):
   chk.ndim_at_least(op, "x", x, 2)
   chk.ndim_at_least(op, "dy", dy, 2)
   chk.rank2(op, "w", w)
+  chk.nonempty(op, x=x, dy=dy, w=w)
+  chk.varies(op, "x", x, axis_name, tp, "P(..., {axis}, None) (sequence-sharded)",
+             f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.same_leading(op, x=x, dy=dy)
   chk.equal(op, "input widths", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
@@ -100,6 +118,9 @@ def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None)
   chk.dtypes(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
   for name, a in (("dx_partial", dx_partial), ("x_gathered", x_gathered), ("dy", dy)):
     chk.ndim_at_least(op, name, a, 2)
+  chk.nonempty(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
+  chk.varies(op, "dx_partial", dx_partial, axis_name, tp, "P(..., None, {axis}) (each rank's "
+             "partial sum)", f"be summed {tp} times")
   chk.same_leading(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
   chk.equal(op, "rows", **{"dx_partial.shape[-2]": dx_partial.shape[-2],
                            "x_gathered.shape[-2]": x_gathered.shape[-2], "dy.shape[-2]": dy.shape[-2]})
