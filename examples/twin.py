@@ -33,9 +33,9 @@ def _moe(cfg, p, x, dp: int):
     r = moe_lib.route(t, p["router_w"], mcfg)
     onehot = jax.nn.one_hot(r.indices, mcfg.num_experts, dtype=jnp.float32)  # [t, k, E]
     gate = jnp.einsum("tk,tke->te", r.weights, onehot)  # [t, E]
-    h = jnp.einsum("th,ehf->etf", t, p["w1"])  # [E, t, 2I]
-    g, u = jnp.split(h, 2, axis=-1)
-    out = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, p["w2"])  # [E, t, h]
+    g = jnp.einsum("th,ehi->eti", t, p["gate_up"][:, :, 0])  # [E, t, I]
+    u = jnp.einsum("th,ehi->eti", t, p["gate_up"][:, :, 1])
+    out = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, p["down"])  # [E, t, h]
     ys.append(jnp.einsum("te,eth->th", gate, out).reshape(xs.shape).astype(x.dtype))
     auxes.append(moe_lib.aux_loss(r, mcfg))
   return jnp.concatenate(ys, 0), jnp.mean(jnp.stack(auxes))

@@ -9,15 +9,17 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from helpers import fresh, put
-from kosmos_jax.moe import MoEConfig, moe_layer
+from kosmos_jax.moe import MoEConfig, RoutingStats, moe_layer
 
 SOFTMAX = MoEConfig(num_experts=8, top_k=2, hidden=16, expert_intermediate=8, score="softmax",
                     aux_loss_coeff=0.1)
 DEEPSEEK = MoEConfig(num_experts=16, top_k=4, hidden=16, expert_intermediate=8, score="sigmoid",
                      norm_topk_prob=True, n_groups=4, topk_groups=2, route_scale=2.5,
                      use_expert_bias=True, aux_loss_coeff=0.1)
-ROUTINGS = {"softmax": SOFTMAX, "deepseek": DEEPSEEK}
-NAMES = ("router_w", "w1", "w2", "shared_w1", "shared_w2", "expert_bias")
+LLAMA4 = MoEConfig(num_experts=8, top_k=1, hidden=16, expert_intermediate=8, score="sigmoid",
+                   gating="input", shared_expert_intermediate=8)  # Llama 4's rule, small
+ROUTINGS = {"softmax": SOFTMAX, "deepseek": DEEPSEEK, "llama4": LLAMA4}
+NAMES = ("router_w", "gate_up", "down", "shared_gate_up", "shared_down", "expert_bias")
 
 
 def np_route(x, router_w, cfg: MoEConfig, bias=None):
@@ -42,14 +44,36 @@ def np_route(x, router_w, cfg: MoEConfig, bias=None):
   return idx, w, logits
 
 
-def _swiglu_ffn(x, w1, w2):
-  g, u = jnp.split(x @ w1, 2, axis=-1)
-  return (jax.nn.silu(g) * u) @ w2
+def _swiglu_ffn(x, gate_up, down):
+  """gate_up [h, 2, I]: index 0 is the gate, 1 the up projection."""
+  return (jax.nn.silu(x @ gate_up[:, 0]) * (x @ gate_up[:, 1])) @ down
+
+
+def np_llama4_moe(x, p, cfg: MoEConfig):
+  """Per-token NumPy (float64) transcription of Llama4TextMoe: top-k of the router
+  logits, each chosen expert's *input* scaled by sigmoid(logit), the expert outputs
+  summed unweighted, plus the shared expert on the unscaled token."""
+  f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+  x, rw, gu, dn = f64(x), f64(p["router_w"]), f64(p["gate_up"]), f64(p["down"])
+
+  def ffn(v, gate_up, down):
+    g, u = v @ gate_up[:, 0], v @ gate_up[:, 1]
+    return (g / (1 + np.exp(-g)) * u) @ down
+
+  y = np.zeros_like(x)
+  for i in range(x.shape[0]):
+    z = x[i] @ rw
+    for e in sorted(range(z.shape[0]), key=lambda e: (-z[e], e))[:cfg.top_k]:
+      y[i] += ffn(x[i] / (1 + np.exp(-z[e])) * cfg.route_scale, gu[e], dn[e])
+    if cfg.shared_expert_intermediate:
+      y[i] += ffn(x[i], f64(p["shared_gate_up"]), f64(p["shared_down"]))
+  return y
 
 
 def dense_moe(x, p: dict, cfg: MoEConfig):
   """Dense oracle, fp32, differentiable: y [T, h], aux []. Every token runs through
-  every expert; each expert's output is weighted by the token's combine weight for it."""
+  every expert; the token's combine weight for that expert (0 if not chosen) scales
+  the expert's output, or with gating='input' its input (a SwiGLU maps 0 to 0)."""
   logits = x @ p["router_w"]
   s = jax.nn.softmax(logits, -1) if cfg.score == "softmax" else jax.nn.sigmoid(logits)
   c = jax.lax.stop_gradient(s) + (p["expert_bias"] if cfg.use_expert_bias else 0.0)
@@ -68,9 +92,12 @@ def dense_moe(x, p: dict, cfg: MoEConfig):
   y = jnp.zeros_like(x)
   for ex in range(e):
     coef = jnp.sum(jnp.where(idx == ex, w, 0.0), -1)
-    y = y + coef[:, None] * _swiglu_ffn(x, p["w1"][ex], p["w2"][ex])
+    if cfg.gating == "input":
+      y = y + _swiglu_ffn(coef[:, None] * x, p["gate_up"][ex], p["down"][ex])
+    else:
+      y = y + coef[:, None] * _swiglu_ffn(x, p["gate_up"][ex], p["down"][ex])
   if cfg.shared_expert_intermediate:
-    y = y + _swiglu_ffn(x, p["shared_w1"], p["shared_w2"])
+    y = y + _swiglu_ffn(x, p["shared_gate_up"], p["shared_down"])
   probs = s if cfg.score == "softmax" else s / s.sum(-1, keepdims=True)
   f = jax.nn.one_hot(idx, e).sum((0, 1)) / (t * cfg.top_k)
   return y, cfg.aux_loss_coeff * e * jnp.sum(f * probs.mean(0))
@@ -78,12 +105,12 @@ def dense_moe(x, p: dict, cfg: MoEConfig):
 
 def make_params(cfg: MoEConfig, dtype, shared: bool):
   e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
-  p = {"router_w": fresh((h, e), dtype, 0.5), "w1": fresh((e, h, 2 * i), dtype, h ** -0.5),
-       "w2": fresh((e, i, h), dtype, i ** -0.5)}
+  p = {"router_w": fresh((h, e), dtype, 0.5), "gate_up": fresh((e, h, 2, i), dtype, h ** -0.5),
+       "down": fresh((e, i, h), dtype, i ** -0.5)}
   if shared:
     si = cfg.shared_expert_intermediate
-    p["shared_w1"] = fresh((h, 2 * si), dtype, h ** -0.5)
-    p["shared_w2"] = fresh((si, h), dtype, si ** -0.5)
+    p["shared_gate_up"] = fresh((h, 2, si), dtype, h ** -0.5)
+    p["shared_down"] = fresh((si, h), dtype, si ** -0.5)
   if cfg.use_expert_bias:
     p["expert_bias"] = fresh((e,), jnp.float32, 0.05)
   return p
@@ -93,19 +120,20 @@ def ep_mesh(ep: int):
   return jax.sharding.Mesh(np.array(jax.devices()[:ep]), ("ep",))
 
 
-SPECS = {"router_w": P(), "w1": P("ep"), "w2": P("ep"), "shared_w1": P(), "shared_w2": P(),
-         "expert_bias": P()}
+SPECS = {"router_w": P(), "gate_up": P("ep"), "down": P("ep"), "shared_gate_up": P(),
+         "shared_down": P(), "expert_bias": P()}
 
 
-def sharded_layer(cfg: MoEConfig, ep: int, names, impl=None):
-  """Jitted (x [T, h], *params) -> (y, aux) over an EP mesh of `ep` devices, and the mesh."""
+def sharded_layer(cfg: MoEConfig, ep: int, names, impl=None, stats=False):
+  """Jitted (x [T, h], *params) -> (y, aux) (+ RoutingStats with stats=True) over an EP
+  mesh of `ep` devices, and the mesh."""
   m = ep_mesh(ep)
 
   def local(x, *params):
-    return moe_layer(x, dict(zip(names, params)), cfg, "ep", impl=impl)
+    return moe_layer(x, dict(zip(names, params)), cfg, "ep", impl=impl, return_stats=stats)
 
-  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]),
-                    out_specs=(P("ep"), P()))
+  outs = (P("ep"), P()) + ((RoutingStats(P(), P(), P(), P()),) if stats else ())
+  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=outs)
   return jax.jit(f), m
 
 

@@ -150,3 +150,51 @@ def test_presets_construct_and_route():
   np.testing.assert_array_equal(np.asarray(r.indices), np_route(x, rw, cfg, bias)[0])
   groups = np.asarray(r.indices) // 32
   assert all(len(set(g)) <= 4 for g in groups)
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(capacity_factor=float("inf")), ValueError, r"capacity_factor=inf must be finite"),
+    (dict(capacity_factor=float("nan")), ValueError, r"capacity_factor=nan must be finite"),
+    (dict(capacity_factor="2"), TypeError, r"capacity_factor='2' must be a real number or None"),
+    (dict(route_scale=float("inf")), ValueError, r"route_scale=inf must be finite"),
+    (dict(aux_loss_coeff=float("nan")), ValueError, r"aux_loss_coeff=nan must be finite"),
+    (dict(aux_loss_coeff="0.1"), TypeError, r"aux_loss_coeff='0.1' must be a real number"),
+    (dict(num_experts="8"), TypeError, r"num_experts='8' must be an int"),
+    (dict(top_k=2.0), TypeError, r"top_k=2.0 must be an int"),
+    (dict(hidden=True), TypeError, r"hidden=True must be an int"),
+    (dict(norm_topk_prob=1), TypeError, r"norm_topk_prob=1 must be a bool"),
+    (dict(gating="gate"), ValueError, r"gating='gate' must be one of \('output', 'input'\)"),
+])
+def test_config_types_and_finiteness(kwargs, err, msg):
+  """Issue 24.3: inf was accepted (OverflowError on the first call); '2' and nan were
+  reported as 'too small'."""
+  with pytest.raises(err, match=msg):
+    SOFTMAX.replace(**kwargs)
+
+
+def test_config_normalizes_numpy_numbers():
+  cfg = SOFTMAX.replace(num_experts=np.int64(8), capacity_factor=np.float32(1.5), route_scale=2)
+  assert type(cfg.num_experts) is int and type(cfg.capacity_factor) is float
+  assert type(cfg.route_scale) is float
+  assert cfg == SOFTMAX.replace(capacity_factor=1.5, route_scale=2.0)
+  assert hash(cfg) == hash(SOFTMAX.replace(capacity_factor=1.5, route_scale=2.0))
+
+
+def test_aux_loss_is_exactly_zero_without_coeff():
+  """Issue 24.6: one NaN token made the aux loss NaN even with aux_loss_coeff=0."""
+  cfg = SOFTMAX.replace(aux_loss_coeff=0.0)
+  x = np.array(fresh((16, cfg.hidden)))
+  x[3] = np.nan
+  r = moe.route(jnp.asarray(x), fresh((cfg.hidden, cfg.num_experts)), cfg)
+  aux = moe.aux_loss(r, cfg)
+  assert aux.dtype == jnp.float32 and float(aux) == 0.0
+  assert np.isnan(float(moe.aux_loss(r, cfg.replace(aux_loss_coeff=0.1))))  # with a coeff, NaN shows
+
+
+def test_llama4_presets_gate_the_expert_input():
+  """Issue 24.5: Llama4TextMoe scales each routed expert's input by its sigmoid score."""
+  for cfg in (moe.LLAMA4_SCOUT, moe.LLAMA4_MAVERICK):
+    assert (cfg.gating, cfg.score, cfg.top_k, cfg.norm_topk_prob, cfg.route_scale) == (
+        "input", "sigmoid", 1, False, 1.0)
+  for cfg in (moe.DEEPSEEK_V3, moe.QWEN3_235B_A22B, moe.QWEN3_30B_A3B):
+    assert cfg.gating == "output"

@@ -12,31 +12,41 @@ import jax
 import jax.numpy as jnp
 
 from kosmos_jax import _compat, ops
-from kosmos_jax.moe.config import MoEConfig
+from kosmos_jax.reference.moe import RoutingStats, routing_stats
+from kosmos_jax.reference.moe_config import MoEConfig
 
-_PARAMS = ("router_w", "w1", "w2", "shared_w1", "shared_w2", "expert_bias")
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
-def _moe(x, router_w, w1, w2, shared_w1, shared_w2, bias, config, axis_name, impl):
-  y, aux, _ = ops.moe_forward(x, router_w, w1, w2, shared_w1, shared_w2, bias,
-                              config=config, axis_name=axis_name, impl=impl)
-  return y, aux
+_PARAMS = ("router_w", "gate_up", "down", "shared_gate_up", "shared_down", "expert_bias")
+_RENAMED = {"w1": "gate_up", "w2": "down", "shared_w1": "shared_gate_up", "shared_w2": "shared_down"}
 
 
-def _moe_fwd(x, router_w, w1, w2, shared_w1, shared_w2, bias, config, axis_name, impl):
-  y, aux, res = ops.moe_forward(x, router_w, w1, w2, shared_w1, shared_w2, bias,
-                                config=config, axis_name=axis_name, impl=impl)
-  return (y, aux), (res, router_w, w1, w2, shared_w1, shared_w2, bias)
+def _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
+             precision):
+  y, aux, res = ops.moe_forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias,
+                                config=config, axis_name=axis_name, impl=impl, precision=precision)
+  return (y, aux, routing_stats(res, config, axis_name)), res
 
 
-def _moe_bwd(config, axis_name, impl, saved, cts):
-  res, router_w, w1, w2, shared_w1, shared_w2, bias = saved
-  dy, daux = cts
-  primals = (res.x, router_w, w1, w2, shared_w1, shared_w2)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _moe(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
+         precision):
+  return _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name,
+                  impl, precision)[0]
+
+
+def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
+             precision):
+  out, res = _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config,
+                      axis_name, impl, precision)
+  return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
+
+
+def _moe_bwd(config, axis_name, impl, precision, saved, cts):
+  res, router_w, gate_up, down, shared_gate_up, shared_down, bias = saved
+  dy, daux, _ = cts  # the routing statistics are counts: nothing flows back through them
+  primals = (res.x, router_w, gate_up, down, shared_gate_up, shared_down)
   dy = _compat.pvary_to(dy, _compat.vma(res.x))
-  grads = ops.moe_backward(res, dy, daux, router_w, w1, w2, shared_w1, shared_w2,
-                           config=config, axis_name=axis_name, impl=impl)
+  grads = ops.moe_backward(res, dy, daux, router_w, gate_up, down, shared_gate_up, shared_down,
+                           config=config, axis_name=axis_name, impl=impl, precision=precision)
   # Replicated weights (router, shared expert) got per-rank partial gradients: sum them.
   grads = tuple(None if g is None else _compat.reduce_to_vma(g, _compat.vma(p))
                 for g, p in zip(grads, primals))
@@ -49,28 +59,41 @@ def _moe_bwd(config, axis_name, impl, saved, cts):
 _moe.defvjp(_moe_fwd, _moe_bwd)
 
 
-def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None):
+def _check_params(params: dict) -> None:
+  unknown = set(params) - set(_PARAMS)
+  if unknown:
+    hint = "; ".join(f"{old!r} is now {new!r}" for old, new in _RENAMED.items() if old in unknown)
+    raise ValueError(f"moe_layer: unknown params {sorted(unknown)}; expected a subset of "
+                     f"{_PARAMS}" + (f" ({hint}, gate_up as [E_local, hidden, 2, I])" if hint else ""))
+  for name in ("router_w", "gate_up", "down"):
+    if name not in params:
+      raise ValueError(f"moe_layer: params is missing {name!r} (got {sorted(params)})")
+
+
+def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None, precision=None,
+              return_stats: bool = False):
   """Expert-parallel MoE layer, per device: call inside jax.shard_map over `axis_name`.
 
   Args:
     x: [..., t_local, hidden] this rank's tokens (sequence-sharded like SP
       activations); leading dims are flattened into tokens.
-    params: dict with 'router_w' [hidden, E] (replicated), 'w1' [E_local, hidden, 2I]
-      (gate|up), 'w2' [E_local, I, hidden] (this rank's experts: rank r owns experts
-      r*E_local .. (r+1)*E_local-1), optional 'shared_w1' [hidden, 2I_s] and
-      'shared_w2' [I_s, hidden] (replicated), optional 'expert_bias' [E] fp32.
+    params: dict with 'router_w' [hidden, E] (replicated), 'gate_up'
+      [E_local, hidden, 2, I] (gate, then up), 'down' [E_local, I, hidden] (this rank's
+      experts: rank r owns experts r*E_local .. (r+1)*E_local-1), optional
+      'shared_gate_up' [hidden, 2, I_s] and 'shared_down' [I_s, hidden] (replicated),
+      optional 'expert_bias' [E] fp32.
     config: the MoEConfig.
     axis_name: the EP mesh axis.
     impl: None (KOSMOS_IMPL), 'auto', 'reference' or 'fused'.
+    precision: jax.lax.Precision of every dot (None = JAX's default); the fused
+      kernels accept only None.
+    return_stats: also return this step's `RoutingStats` (per-expert counts, max
+      load, capacity fill, whether the dropless fallback ran), over the EP group.
   Returns:
-    (y [..., t_local, hidden] in x.dtype, aux_loss [] fp32 over the EP group's tokens).
+    (y [..., t_local, hidden] in x.dtype, aux_loss [] fp32 over the EP group's tokens),
+    plus the RoutingStats when return_stats=True.
   """
-  unknown = set(params) - set(_PARAMS)
-  if unknown:
-    raise ValueError(f"moe_layer: unknown params {sorted(unknown)}; expected a subset of {_PARAMS}")
-  for name in ("router_w", "w1", "w2"):
-    if name not in params:
-      raise ValueError(f"moe_layer: params is missing {name!r} (got {sorted(params)})")
+  _check_params(params)
   if x.ndim < 2 or x.shape[-1] != config.hidden:
     raise ValueError(f"moe_layer: x.shape={tuple(x.shape)} must be [..., tokens, "
                      f"hidden={config.hidden}]")
@@ -78,6 +101,13 @@ def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None):
   bias = params.get("expert_bias")
   if bias is not None:
     bias = jax.lax.stop_gradient(bias)
-  y, aux = _moe(x.reshape(-1, x.shape[-1]), params["router_w"], params["w1"], params["w2"],
-                params.get("shared_w1"), params.get("shared_w2"), bias, config, axis_name, impl)
-  return y.reshape(*lead, y.shape[-1]), aux
+  y, aux, stats = _moe(x.reshape(-1, x.shape[-1]), params["router_w"], params["gate_up"],
+                       params["down"], params.get("shared_gate_up"), params.get("shared_down"),
+                       bias, config, axis_name, impl, precision)
+  y = y.reshape(*lead, y.shape[-1])
+  # Counts and their ratios: no gradient (and none wanted through a later pmax of them).
+  stats = jax.tree.map(jax.lax.stop_gradient, stats)
+  return (y, aux, stats) if return_stats else (y, aux)
+
+
+__all__ = ["moe_layer", "RoutingStats"]

@@ -1,5 +1,5 @@
-"""What every kosmos Flax module shares: mesh-axis checks, the sequence-parallel
-activation specs, and the shard_map wrapper around a functional layer."""
+"""What every kosmos Flax module shares: constructor and mesh-axis checks, the
+sequence-parallel activation specs, and the shard_map wrapper around a functional layer."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -8,6 +8,21 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from kosmos_jax import _compat
+from kosmos_jax.ops._dispatch import check_impl
+
+
+def check_module(name: str, *, impl, use_bias: bool | None = None, **sizes) -> None:
+  """Constructor arguments, checked where they are given rather than on first call:
+  `impl` is a known path name, every size a positive int, and `use_bias` (for modules
+  whose fused kernels have no bias epilogue) is False."""
+  if impl is not None:
+    check_impl(impl, source=f"{name}: impl")
+  for what, v in sizes.items():
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name}: {what}={v!r} must be a positive int")
+  if use_bias:
+    raise ValueError(f"{name}: use_bias={use_bias!r} is not supported: its fused kernels have no "
+                     "bias epilogue (Llama-style SwiGLU blocks have none); use use_bias=False")
 
 
 def check_axes(mesh, **axes) -> None:
@@ -31,6 +46,9 @@ def check_act(name: str, x, *, mesh, features: int, dp_axis, seq_axis) -> None:
   """Global activation shape fits the module and divides over the mesh."""
   if x.ndim < 2:
     raise ValueError(f"{name}: x must be [batch.., seq, features], got x.shape={tuple(x.shape)}")
+  if 0 in x.shape:
+    raise ValueError(f"{name}: x.shape={tuple(x.shape)} has a zero-size dimension; every "
+                     "dimension must be >= 1")
   if x.shape[-1] != features:
     raise ValueError(f"{name}: x.shape[-1]={x.shape[-1]} must equal in_features={features}")
   sizes = dict(zip(mesh.axis_names, mesh.devices.shape))

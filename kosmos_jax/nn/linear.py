@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn import dtypes
 from jax.sharding import PartitionSpec as P
 
 from kosmos_jax import tp as tp_lib
@@ -23,12 +24,13 @@ default_kernel_init = nnx.initializers.lecun_normal()
 Dtype = Any
 
 
-def _compute_dtype(dtype, x, param_dtype):
-  return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, param_dtype)
-
-
 class _ParallelLinear(nnx.Module):
-  """Shared construction; subclasses fix which weight dimension is sharded over tp."""
+  """Shared construction; subclasses fix which weight dimension is sharded over tp.
+
+  Arguments follow flax.nnx.Linear (dtype, param_dtype, use_bias, kernel_init,
+  bias_init, promote_dtype), except that use_bias defaults to False (Llama-style
+  blocks carry no biases); `impl` picks the op path, checked here.
+  """
 
   _bias_sharded: bool  # subclasses: is the output dim (and so the bias) sharded over tp?
 
@@ -36,7 +38,9 @@ class _ParallelLinear(nnx.Module):
                tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
                kernel_init=default_kernel_init, bias_init=nnx.initializers.zeros_init(),
-               impl: str | None = None, rngs: nnx.Rngs):
+               promote_dtype=dtypes.promote_dtype, impl: str | None = None, rngs: nnx.Rngs):
+    _spmd.check_module(type(self).__name__, impl=impl, in_features=in_features,
+                       out_features=out_features)
     _spmd.check_axes(mesh, tp_axis=tp_axis, dp_axis=dp_axis)
     tp = mesh.shape[tp_axis]
     sharded = out_features if self._bias_sharded else in_features
@@ -47,6 +51,7 @@ class _ParallelLinear(nnx.Module):
     self.in_features, self.out_features = in_features, out_features
     self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
+    self.promote_dtype = promote_dtype
     axes = self._axes(tp_axis)
     self.kernel = nnx.Param(nnx.with_partitioning(kernel_init, axes, mesh=mesh)(
         rngs.params(), (in_features, out_features), param_dtype))
@@ -59,17 +64,18 @@ class _ParallelLinear(nnx.Module):
     (seq, features) mesh axes of the global input / output activations."""
     _spmd.check_act(type(self).__name__, x, mesh=self.mesh, features=self.in_features,
                     dp_axis=self.dp_axis, seq_axis=self.tp_axis)
-    dt = _compute_dtype(self.dtype, x, self.param_dtype)
     tp, dp = self.tp_axis, self.dp_axis
+    bias = self.bias[...] if self.bias is not None else None
+    x, kernel, bias = self.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
 
     def local(x, w, *b):
       y = linear(x, w, tp, impl=self.impl)
       return y + b[0] if b else y
 
-    args = [x.astype(dt), self.kernel[...].astype(dt)]
+    args = [x, kernel]
     specs = [_spmd.act_spec(x.ndim, dp, *x_axes), kernel_spec]
-    if self.bias is not None:
-      args.append(self.bias[...].astype(dt))
+    if bias is not None:
+      args.append(bias)
       specs.append(bias_spec)
     return _spmd.run_sharded(local, self.mesh, args, specs, _spmd.act_spec(x.ndim, dp, *y_axes))
 

@@ -4,19 +4,24 @@ raised before lowering), then runs the fused megakernel or its reference twin
 (`kosmos_jax.reference.moe_forward` / `moe_backward`), as `impl` / KOSMOS_IMPL decide.
 
 Shapes (per device; ep = size of `axis_name`; E_l = num_experts / ep):
-  x [t, hidden]; router_w [hidden, E] (replicated); w1 [E_l, hidden, 2I] (gate|up);
-  w2 [E_l, I, hidden]; shared_w1 [hidden, 2I_s], shared_w2 [I_s, hidden] (replicated,
-  only when config.shared_expert_intermediate > 0); bias [E] (only with use_expert_bias).
+  x [t, hidden]; router_w [hidden, E] (replicated); gate_up [E_l, hidden, 2, I] (gate,
+  then up, as `tp.parallel_swiglu_mlp`'s w_gate_up); down [E_l, I, hidden];
+  shared_gate_up [hidden, 2, I_s], shared_down [I_s, hidden] (replicated, only when
+  config.shared_expert_intermediate > 0); bias [E] (only with use_expert_bias).
 
   moe_forward  -> (y [t, hidden], aux loss [], residuals)
-  moe_backward -> (dx, drouter_w, dw1, dw2, dshared_w1, dshared_w2)
+  moe_backward -> (dx, drouter_w, dgate_up, ddown, dshared_gate_up, dshared_down)
+
+`precision` (a jax.lax.Precision, or None for JAX's default) reaches every dot of the
+reference twin; the fused kernels have one precision of their own, so they refuse any
+other value rather than ignore it.
 """
 from __future__ import annotations
 
 from kosmos_jax import reference
-from kosmos_jax.moe.config import MoEConfig
 from kosmos_jax.ops import _checks as chk
 from kosmos_jax.ops._dispatch import choose, fused
+from kosmos_jax.reference.moe_config import MoEConfig
 
 
 def _shape(op: str, name: str, a, want: tuple) -> None:
@@ -24,11 +29,11 @@ def _shape(op: str, name: str, a, want: tuple) -> None:
     raise ValueError(f"{op}: {name}.shape={tuple(a.shape)} must be {tuple(want)}")
 
 
-def check_operands(op: str, x, router_w, w1, w2, shared_w1, shared_w2, bias, config, ep: int, *,
-                   check_bias: bool = True):
+def check_operands(op: str, x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config,
+                   ep: int, *, check_bias: bool = True):
   """All shape / dtype / config checks shared by both directions."""
   if not isinstance(config, MoEConfig):
-    raise TypeError(f"{op}: config must be a kosmos_jax.moe.MoEConfig, got {type(config).__name__}")
+    raise TypeError(f"{op}: config must be a MoEConfig, got {type(config).__name__}")
   e, h, i = config.num_experts, config.hidden, config.expert_intermediate
   if e % ep:
     raise ValueError(f"{op}: num_experts={e} must be divisible by the EP size ep={ep}")
@@ -38,18 +43,19 @@ def check_operands(op: str, x, router_w, w1, w2, shared_w1, shared_w2, bias, con
   if x.shape[0] < 1:
     raise ValueError(f"{op}: x.shape={tuple(x.shape)} has no tokens")
   _shape(op, "router_w", router_w, (h, e))
-  _shape(op, "w1", w1, (e // ep, h, 2 * i))
-  _shape(op, "w2", w2, (e // ep, i, h))
+  _shape(op, "gate_up", gate_up, (e // ep, h, 2, i))
+  _shape(op, "down", down, (e // ep, i, h))
   si = config.shared_expert_intermediate
-  if si and (shared_w1 is None or shared_w2 is None):
-    raise ValueError(f"{op}: config.shared_expert_intermediate={si} needs shared_w1 and shared_w2")
-  if not si and (shared_w1 is not None or shared_w2 is not None):
+  if si and (shared_gate_up is None or shared_down is None):
+    raise ValueError(f"{op}: config.shared_expert_intermediate={si} needs shared_gate_up and "
+                     "shared_down")
+  if not si and (shared_gate_up is not None or shared_down is not None):
     raise ValueError(f"{op}: shared expert weights given but config.shared_expert_intermediate=0")
-  arrays = dict(x=x, router_w=router_w, w1=w1, w2=w2)
+  arrays = dict(x=x, router_w=router_w, gate_up=gate_up, down=down)
   if si:
-    _shape(op, "shared_w1", shared_w1, (h, 2 * si))
-    _shape(op, "shared_w2", shared_w2, (si, h))
-    arrays.update(shared_w1=shared_w1, shared_w2=shared_w2)
+    _shape(op, "shared_gate_up", shared_gate_up, (h, 2, si))
+    _shape(op, "shared_down", shared_down, (si, h))
+    arrays.update(shared_gate_up=shared_gate_up, shared_down=shared_down)
   chk.dtypes(op, **arrays)
   if config.use_expert_bias and check_bias:
     if bias is None:
@@ -57,32 +63,39 @@ def check_operands(op: str, x, router_w, w1, w2, shared_w1, shared_w2, bias, con
     _shape(op, "bias", bias, (e,))
 
 
-def moe_forward(x, router_w, w1, w2, shared_w1=None, shared_w2=None, bias=None, *,
-                config: MoEConfig, axis_name, impl=None):
+def _run(op: str, impl, precision, args: tuple, kwargs: dict):
+  if choose(op, impl) == "fused":
+    if precision is not None:
+      raise ValueError(f"{op}: precision={precision!r} cannot be honoured by the fused kernel "
+                       "(it has one precision of its own); pass precision=None, or "
+                       "impl='reference' for the twin at that precision")
+    return fused(op)(*args, **kwargs)
+  return getattr(reference, op)(*args, **kwargs, precision=precision)
+
+
+def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
+                config: MoEConfig, axis_name, impl=None, precision=None):
   """Whole MoE layer forward: route, plan, dispatch, GEMM1+SwiGLU, GEMM2, combine,
   fold (+ shared expert). Returns (y, aux_loss, residuals)."""
   op = "moe_forward"
   ep = chk.axis_size(op, axis_name)
-  check_operands(op, x, router_w, w1, w2, shared_w1, shared_w2, bias, config, ep)
+  check_operands(op, x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, ep)
   bias = bias if config.use_expert_bias else None
-  args = (x, router_w, w1, w2, shared_w1, shared_w2, bias)
-  if choose(op, impl) == "fused":
-    return fused(op)(*args, config=config, axis_name=axis_name)
-  return reference.moe_forward(*args, config=config, axis_name=axis_name)
+  args = (x, router_w, gate_up, down, shared_gate_up, shared_down, bias)
+  return _run(op, impl, precision, args, dict(config=config, axis_name=axis_name))
 
 
-def moe_backward(residuals, dy, daux, router_w, w1, w2, shared_w1=None, shared_w2=None, *,
-                 config: MoEConfig, axis_name, impl=None):
+def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=None,
+                 shared_down=None, *, config: MoEConfig, axis_name, impl=None, precision=None):
   """Whole MoE layer backward from moe_forward's residuals and the cotangents of
-  (y, aux_loss). Returns (dx, drouter_w, dw1, dw2, dshared_w1, dshared_w2)."""
+  (y, aux_loss). Returns (dx, drouter_w, dgate_up, ddown, dshared_gate_up, dshared_down)."""
   op = "moe_backward"
   ep = chk.axis_size(op, axis_name)
   x = residuals.x
   # The bias only steers selection, which the residuals already hold.
-  check_operands(op, x, router_w, w1, w2, shared_w1, shared_w2, None, config, ep, check_bias=False)
+  check_operands(op, x, router_w, gate_up, down, shared_gate_up, shared_down, None, config, ep,
+                 check_bias=False)
   if tuple(dy.shape) != tuple(x.shape):
     raise ValueError(f"{op}: dy.shape={tuple(dy.shape)} must equal x.shape={tuple(x.shape)}")
-  args = (residuals, dy.astype(x.dtype), daux, router_w, w1, w2, shared_w1, shared_w2)
-  if choose(op, impl) == "fused":
-    return fused(op)(*args, config=config, axis_name=axis_name)
-  return reference.moe_backward(*args, config=config, axis_name=axis_name)
+  args = (residuals, dy.astype(x.dtype), daux, router_w, gate_up, down, shared_gate_up, shared_down)
+  return _run(op, impl, precision, args, dict(config=config, axis_name=axis_name))

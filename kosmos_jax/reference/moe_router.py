@@ -2,7 +2,8 @@
 
 The paper's step 1 ("Route", §3.3.1): logits X·Wr in FP32, score, top-k,
 dispatch weights and the aux-loss inputs, all per token block. Pure JAX; the
-reference layer and (later) the megakernel share these semantics.
+reference layer and (later) the megakernel share these semantics. It sits with the
+reference twin so that nothing at this floor imports the layer above it.
 
 Ties are broken toward the lower expert id (and the lower group id): jax.lax.top_k
 returns the lower index first among equal values, and masking uses -inf, which
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from kosmos_jax import _compat
-from kosmos_jax.moe.config import MoEConfig
+from kosmos_jax.reference.moe_config import MoEConfig
 
 
 class Routing(NamedTuple):
@@ -70,8 +71,9 @@ def combine_weights(logits, indices, config: MoEConfig):
   return w * jnp.float32(config.route_scale)
 
 
-def route(x, router_w, config: MoEConfig, bias=None) -> Routing:
-  """Route tokens x [t, hidden] with router_w [hidden, E]; bias [E] (selection only)."""
+def route(x, router_w, config: MoEConfig, bias=None, *, precision=None) -> Routing:
+  """Route tokens x [t, hidden] with router_w [hidden, E]; bias [E] (selection only);
+  precision: of the logits dot (jax.lax.Precision), None = JAX's default."""
   if x.shape[-1] != router_w.shape[0] or router_w.shape[0] != config.hidden:
     raise ValueError(f"route: x.shape={tuple(x.shape)} and router_w.shape={tuple(router_w.shape)} "
                      f"must agree with hidden={config.hidden}")
@@ -83,7 +85,8 @@ def route(x, router_w, config: MoEConfig, bias=None) -> Routing:
   if bias is not None and tuple(bias.shape) != (config.num_experts,):
     raise ValueError(f"route: bias.shape={tuple(bias.shape)} must be ({config.num_experts},)")
   # FP32 logits whatever the operand dtype (bf16 products are exact in fp32).
-  logits = jnp.einsum("th,he->te", x, router_w, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("th,he->te", x, router_w, preferred_element_type=jnp.float32,
+                      precision=precision)
   logits = logits.astype(jnp.float32)
   idx = jax.lax.stop_gradient(select(logits, config, bias if config.use_expert_bias else None))
   weights = combine_weights(logits, idx, config)
@@ -95,7 +98,10 @@ def route(x, router_w, config: MoEConfig, bias=None) -> Routing:
 def aux_loss(routing: Routing, config: MoEConfig, axis_name=None):
   """Switch/GShard balance loss coeff * E * sum_i f_i P_i over the tokens of the
   EP group (`axis_name`; None = this rank only): f_i = share of (token, slot)
-  assignments to expert i (not differentiated), P_i = mean aux probability."""
+  assignments to expert i (not differentiated), P_i = mean aux probability.
+  Exactly 0 when config.aux_loss_coeff is 0, even where a token's logits are NaN."""
+  if not config.aux_loss_coeff:
+    return jnp.zeros((), jnp.float32)
   counts, prob_sum = routing.counts.astype(jnp.float32), routing.prob_sum
   t = jnp.float32(routing.logits.shape[0])
   if axis_name is not None:

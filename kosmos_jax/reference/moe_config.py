@@ -3,13 +3,20 @@
 Every preset number is a fact read from the model's published configuration; the
 source is cited beside each preset. Field names are ours; the mapping from the
 Hugging Face `config.json` keys is given in each comment.
+
+This sits with the reference twin, below `ops/`, so that the ops, their twins and the
+layer all read one config without importing upward; the MoE layer package re-exports it.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 SCORES = ("softmax", "sigmoid")
+GATINGS = ("output", "input")
+
+_INTS = ("num_experts", "top_k", "hidden", "expert_intermediate", "n_groups", "topk_groups")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +25,8 @@ class MoEConfig:
 
   num_experts: routed experts E (split evenly over the EP ranks).
   top_k: experts per token k.
-  hidden: model width; expert_intermediate: routed expert width I (SwiGLU: w1 is
-    [hidden, 2*I] = gate|up, w2 is [I, hidden]).
+  hidden: model width; expert_intermediate: routed expert width I (SwiGLU: gate_up
+    is [hidden, 2, I], gate then up; down is [I, hidden]).
   score: 'softmax' (Switch/Qwen) or 'sigmoid' (DeepSeek-V3, Llama 4).
   norm_topk_prob: renormalize the k selected scores to sum to 1.
   n_groups / topk_groups: group-limited routing (experts split into n_groups
@@ -27,12 +34,19 @@ class MoEConfig:
   route_scale: multiplies the final combine weights.
   use_expert_bias: a per-expert bias added to the scores for *selection only*
     (DeepSeek-V3's auxiliary-loss-free balancing); never differentiated.
-  aux_loss_coeff: Switch/GShard load-balancing loss coeff * E * sum_i f_i P_i.
+  aux_loss_coeff: Switch/GShard load-balancing loss coeff * E * sum_i f_i P_i
+    (exactly 0 when the coefficient is 0, whatever the inputs).
   capacity_factor: receive-buffer rows per (source rank, expert) are
-    ceil(capacity_factor * t_local * k / E), capped at t_local. None = t_local
-    (never overflows). Overflow never drops tokens: the layer falls back to a
-    dropless pass (see kosmos_jax.reference.moe).
+    ceil(capacity_factor * t_local * k / E), capped at t_local. Overflow never
+    drops tokens: the layer falls back to a dropless pass whose buffers hold the
+    routed (token, expert) pairs, not experts x tokens rows (see
+    kosmos_jax.reference.moe). None = always that dropless pass.
   shared_expert_intermediate: width of an always-on SwiGLU shared expert (0 = none).
+  gating: where a token's combine weight g_j for its expert j applies.
+    'output': y = sum_j g_j * expert_j(x) (DeepSeek-V3, Qwen, Switch).
+    'input':  y = sum_j expert_j(g_j * x) (Llama 4: the expert input is scaled by
+    its sigmoid score, outputs are summed unweighted). The two differ for any
+    nonlinear expert, so weights trained one way are wrong the other way.
   """
   num_experts: int
   top_k: int
@@ -47,14 +61,53 @@ class MoEConfig:
   aux_loss_coeff: float = 0.0
   capacity_factor: float | None = 2.0
   shared_expert_intermediate: int = 0
+  gating: str = "output"
 
   def __post_init__(self):
-    for name in ("num_experts", "top_k", "hidden", "expert_intermediate", "n_groups", "topk_groups"):
+    self._check_types()
+    self._check_routing()
+    if not self.route_scale > 0:
+      raise ValueError(f"MoEConfig: route_scale={self.route_scale!r} must be > 0")
+    if self.aux_loss_coeff < 0:
+      raise ValueError(f"MoEConfig: aux_loss_coeff={self.aux_loss_coeff!r} must be >= 0")
+    if self.capacity_factor is not None and self.capacity_factor < 1.0:
+      # Below 1 the buffers cannot hold even perfectly balanced routing, so the
+      # fallback would run on every step: a configuration error, not a policy.
+      raise ValueError(f"MoEConfig: capacity_factor={self.capacity_factor!r} is too small for the "
+                       "no-drop policy; use a number >= 1.0, or None for dropless buffers")
+    if self.shared_expert_intermediate < 0:
+      raise ValueError(f"MoEConfig: shared_expert_intermediate={self.shared_expert_intermediate!r} "
+                       "must be >= 0")
+
+  def _check_types(self):
+    """TypeError for a value of the wrong kind, ValueError for a non-finite number;
+    numbers are stored as plain int / float so equal configs hash alike."""
+    def number(name, kind, what, optional=False):
       v = getattr(self, name)
-      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"MoEConfig: {name}={v!r} must be a positive int")
-    if self.score not in SCORES:
-      raise ValueError(f"MoEConfig: score={self.score!r} must be one of {SCORES}")
+      if optional and v is None:
+        return
+      if isinstance(v, bool) or not isinstance(v, kind):
+        raise TypeError(f"MoEConfig: {name}={v!r} must be {what}, got {type(v).__name__}")
+      if kind is numbers.Real and not math.isfinite(v):
+        raise ValueError(f"MoEConfig: {name}={v!r} must be finite")
+      object.__setattr__(self, name, int(v) if kind is numbers.Integral else float(v))
+
+    for name in _INTS + ("shared_expert_intermediate",):
+      number(name, numbers.Integral, "an int")
+    for name in ("route_scale", "aux_loss_coeff"):
+      number(name, numbers.Real, "a real number")
+    number("capacity_factor", numbers.Real, "a real number or None", optional=True)
+    for name in ("norm_topk_prob", "use_expert_bias"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"MoEConfig: {name}={getattr(self, name)!r} must be a bool")
+    for name, allowed in (("score", SCORES), ("gating", GATINGS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"MoEConfig: {name}={getattr(self, name)!r} must be one of {allowed}")
+
+  def _check_routing(self):
+    for name in _INTS:
+      if getattr(self, name) < 1:
+        raise ValueError(f"MoEConfig: {name}={getattr(self, name)!r} must be a positive int")
     if self.top_k > self.num_experts:
       raise ValueError(f"MoEConfig: top_k={self.top_k} must be <= num_experts={self.num_experts}")
     if self.num_experts % self.n_groups:
@@ -70,20 +123,6 @@ class MoEConfig:
     if self.top_k > self.topk_groups * per_group:
       raise ValueError(f"MoEConfig: top_k={self.top_k} exceeds the experts eligible after group "
                        f"selection, topk_groups={self.topk_groups} * {per_group} per group")
-    if not (isinstance(self.route_scale, (int, float)) and math.isfinite(self.route_scale)
-            and self.route_scale > 0):
-      raise ValueError(f"MoEConfig: route_scale={self.route_scale!r} must be a positive finite number")
-    if not (isinstance(self.aux_loss_coeff, (int, float)) and self.aux_loss_coeff >= 0):
-      raise ValueError(f"MoEConfig: aux_loss_coeff={self.aux_loss_coeff!r} must be >= 0")
-    if self.capacity_factor is not None and not (
-        isinstance(self.capacity_factor, (int, float)) and self.capacity_factor >= 1.0):
-      # Below 1 the buffers cannot hold even perfectly balanced routing, so the
-      # fallback would run on every step: a configuration error, not a policy.
-      raise ValueError(f"MoEConfig: capacity_factor={self.capacity_factor!r} is too small for the "
-                       "no-drop policy; use a number >= 1.0, or None for dropless buffers")
-    if not isinstance(self.shared_expert_intermediate, int) or self.shared_expert_intermediate < 0:
-      raise ValueError(f"MoEConfig: shared_expert_intermediate={self.shared_expert_intermediate!r} "
-                       "must be an int >= 0")
 
   def capacity(self, t_local: int) -> int:
     """Receive-buffer rows per (source rank, expert) for t_local tokens per rank."""
@@ -125,20 +164,19 @@ QWEN3_30B_A3B = MoEConfig(
 # text_config: hidden_size 5120, intermediate_size 8192 (routed and shared expert
 # width; intermediate_size_mlp 16384 is the dense layers'), num_local_experts 16,
 # num_experts_per_tok 1; the router takes the top-1 logit and gates with its
-# sigmoid (unnormalized); one shared expert per MoE layer. Note: Llama 4 scales the
-# expert *input* by the gate; this layer scales the expert output (as DeepSeek and
-# Qwen do) — the same only for a linear expert, so weights are not interchangeable.
+# sigmoid (unnormalized); one shared expert per MoE layer. Llama4TextMoe multiplies
+# the expert *input* by that gate and sums the expert outputs unweighted: gating="input".
 LLAMA4_SCOUT = MoEConfig(
     num_experts=16, top_k=1, hidden=5120, expert_intermediate=8192, score="sigmoid",
-    norm_topk_prob=False, shared_expert_intermediate=8192)
+    norm_topk_prob=False, gating="input", shared_expert_intermediate=8192)
 
 # Llama 4 Maverick: huggingface.co/meta-llama/Llama-4-Maverick-17B-128E config.json,
 # text_config: hidden_size 5120, intermediate_size 8192, num_local_experts 128,
-# num_experts_per_tok 1, sigmoid gate, shared expert (MoE every second layer,
-# interleave_moe_layer_step 2: irrelevant to one layer).
+# num_experts_per_tok 1, sigmoid gate on the expert input, shared expert (MoE every
+# second layer, interleave_moe_layer_step 2: irrelevant to one layer).
 LLAMA4_MAVERICK = MoEConfig(
     num_experts=128, top_k=1, hidden=5120, expert_intermediate=8192, score="sigmoid",
-    norm_topk_prob=False, shared_expert_intermediate=8192)
+    norm_topk_prob=False, gating="input", shared_expert_intermediate=8192)
 
 PRESETS = {
     "deepseek-v3": DEEPSEEK_V3,
