@@ -15,7 +15,7 @@ python -m pip install -q --upgrade pip
 # Build requirements are installed into the venv and the build runs without
 # isolation, so jaxlib (the FFI headers) is downloaded once, not per build.
 python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "jax>=0.10.2" "nvidia-cutlass>=4.0" cmake ninja
-python -m pip install -q --no-build-isolation -e ".[test,examples]"
+python -m pip install -q --no-build-isolation -e ".[test,examples,hip]"
 python - <<'PY'
 from kosmos_jax import _ext
 print(f"kosmos_jax extension: loaded={bool(_ext.loaded())} ({_ext.loaded().reason}); "

@@ -30,7 +30,18 @@ using kosmosError_t = cudaError_t;
 #include <cstdio>
 #include <cstdlib>
 
-#ifdef KOSMOS_GPU
+#if defined(KOSMOS_HIP) && defined(__HIP_DEVICE_COMPILE__)
+// HIP device pass: __host__ __device__ helpers are forced inline as well, as
+// KOSMOS_DEVICE ones are. clang kept kosmos::timeout_trap (sync.h) out of line
+// for gfx942/gfx950, and since it takes its WaitSite by reference every wait
+// then stored the site's four fields to scratch before spinning (28 scratch
+// stores in ag_tn_kernel, 432 B of scratch per lane). Inlined, the fields stay
+// in registers and the kernels' own code touches no scratch; what remains is the
+// printf of an expired wait, which clang lowers to calls into the device
+// library (docs/hip.md has the measurements on gfx90a, gfx942 and gfx950).
+#define KOSMOS_HD __host__ __device__ __attribute__((always_inline))
+#define KOSMOS_DEVICE __device__ __forceinline__
+#elif defined(KOSMOS_GPU)
 #define KOSMOS_HD __host__ __device__
 #define KOSMOS_DEVICE __device__ __forceinline__
 #else
@@ -90,29 +101,96 @@ KOSMOS_DEVICE uint64_t now_ns() {
 }
 [[noreturn]] KOSMOS_DEVICE void trap() { __trap(); __builtin_unreachable(); }
 #elif defined(KOSMOS_HIP) && defined(__HIP_DEVICE_COMPILE__)
+// HIP: the same orders and scopes through clang's scoped atomic builtins; the
+// AMDGPU backend's memory model (LLVM AMDGPUUsage, "Memory Model GFX942")
+// expands each into cache-control bits and cache write-back / invalidate
+// instructions. What each mapping compiles to is written beside it, as
+// generated for gfx942 and gfx950 by clang 22 and for gfx90a by ROCm 5.2's
+// clang (tests/test_hip_memory_model.py pins these sequences; docs/hip.md has
+// the review). Scopes: SYSTEM covers peer GPUs and the host, AGENT one GPU,
+// which on MI300X/MI355X is eight XCDs with an L2 each, so even agent scope
+// writes back / invalidates L2 lines (sc1), unlike NVIDIA's .gpu.
+//
+// Premise for every .sys flag below: the symmetric heap is fine-grained memory
+// on AMD (hipExtMallocWithFlags(..., hipDeviceMallocFinegrained), or uncached).
+// HIP makes coarse-grained memory (plain hipMalloc) coherent across devices
+// only at kernel boundaries; no fence inside a persistent kernel can stand in
+// for that. The HIP host side does not exist yet; it must allocate so.
+
+// gfx942/gfx950: global_load sc0 sc1; s_waitcnt vmcnt(0); buffer_inv sc0 sc1.
+// gfx90a:        global_load glc;     s_waitcnt vmcnt(0); buffer_invl2; buffer_wbinvl1_vol.
+// sc0 sc1 makes the load system-coherent (it misses this CU's L1 and any L2
+// line that may be stale with respect to another agent), so the peer's release
+// store is seen. The wait puts the invalidate after the load has returned, and
+// buffer_inv sc0 sc1 drops this CU's L1 and the L2's lines of other agents'
+// memory: the plain loads that follow (load_cg is a plain load on HIP; pulls
+// read peers' rows with it) cannot hit data cached before the flag was seen.
+// The invalidate is per CU, so other threads of the CTA that read after the
+// acquiring thread's __syncthreads() read through invalidated caches too.
+// Cost: every poll iteration of wait_ge (sync.h) pays the invalidate; polling
+// relaxed and acquiring once after the flag is seen would not (docs/hip.md).
 KOSMOS_DEVICE uint64_t ld_acquire_sys(const uint64_t* p) {
   return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// gfx942/gfx950: global_load sc1; s_waitcnt vmcnt(0); buffer_inv sc1.
+// gfx90a:        global_load glc; s_waitcnt vmcnt(0); buffer_wbinvl1_vol.
+// Agent scope: coherent across the XCDs of this GPU (sc1) and invalidating
+// this CU's L1 and the L2's lines that another XCD may have written; for the
+// flags only this GPU's CTAs release (arrived[] after a pull, band counts).
 KOSMOS_DEVICE uint64_t ld_acquire_gpu(const uint64_t* p) {
   return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
 }
+// gfx942/gfx950: buffer_wbl2 sc0 sc1; s_waitcnt vmcnt(0); global_store sc0 sc1.
+// gfx90a:        buffer_wbl2;         s_waitcnt vmcnt(0); global_store.
+// The write-back pushes this L2's dirty lines (data this thread, or its CTA
+// before the caller's __syncthreads(), stored with plain stores: pushed rows in
+// a peer's heap, partials a peer will pull) out to memory; vmcnt(0) waits for
+// those stores and the write-back to complete before the flag store issues,
+// and sc0 sc1 writes the flag through to memory where the peer's sc0 sc1 load
+// reads it. The CTA's other waves' stores are ordered before this wave's
+// write-back by the barrier: on gfx942 clang emits no vmcnt wait at a
+// workgroup-scope __syncthreads() (one L1 per CU, not tgsplit), so this relies
+// on the backend's memory model for that cumulativity; an MI300 litmus test of
+// push + flag is the check still owed (docs/hip.md).
 KOSMOS_DEVICE void st_release_sys(uint64_t* p, uint64_t v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// gfx942/gfx950: buffer_wbl2 sc1; s_waitcnt vmcnt(0); global_store sc1.
+// gfx90a:        s_waitcnt vmcnt(0); global_store (one L2 per GPU: nothing to write back).
+// On MI300X the eight XCD L2s are not coherent with each other for ordinary
+// lines, hence the agent-scope write-back that NVIDIA's st.release.gpu has no
+// counterpart of.
 KOSMOS_DEVICE void st_release_gpu(uint64_t* p, uint64_t v) {
   __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
+// gfx942/gfx950: global_atomic_add sc0; gfx90a: global_atomic_add glc (both
+// bits mean "return the old value"). RMW atomics bypass L1 and are performed
+// in L2 (system scope would add sc1); relaxed, so no write-back or invalidate.
+// The atomic optimizer also folds a wave's lanes into one atomic (v_mbcnt);
+// the kernels claim from one thread anyway. Relaxed is enough, as on CUDA: a
+// claim hands out an index, the data behind it is ordered by its own flag.
 KOSMOS_DEVICE uint32_t claim_u32(uint32_t* p) {
   return __hip_atomic_fetch_add(p, 1u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// gfx942/gfx950: global_load sc1 (agent-coherent, skips a stale L1 line); no
+// fence. gfx90a: global_load glc.
 KOSMOS_DEVICE uint32_t ld_relaxed_u32(const uint32_t* p) {
   return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// gfx942/gfx950: buffer_wbl2 sc1; s_waitcnt; global_atomic_add sc0;
+//                s_waitcnt vmcnt(0); buffer_inv sc1.
+// gfx90a:        s_waitcnt; global_atomic_add glc; s_waitcnt vmcnt(0); buffer_wbinvl1_vol.
+// Release half (write-back before the add) publishes this CTA's work, acquire
+// half (invalidate after it returns) lets the last CTA read every other CTA's.
 KOSMOS_DEVICE uint32_t add_acq_rel_gpu_u32(uint32_t* p, uint32_t v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
 }
-// wall_clock64 ticks at a constant 100 MHz on CDNA3 (MI300).
+// s_memrealtime on all three targets: the constant "wall clock" (100 MHz on
+// MI200/MI300; the runtime reports it as hipDeviceAttributeWallClockRate, which
+// the HIP host side should check before trusting the factor 10), not the shader
+// clock, which varies with the core's frequency.
 KOSMOS_DEVICE uint64_t now_ns() { return wall_clock64() * 10ull; }
+// s_trap 2: the wave halts and the runtime reports the kernel as failed.
 [[noreturn]] KOSMOS_DEVICE void trap() { __builtin_trap(); }
 #else
 // Host code (the CPU emulation, and nvcc's host pass over the same headers):
