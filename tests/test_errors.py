@@ -100,10 +100,12 @@ def test_replicated_sequence_input_raises():
   rep = P("dp", None, None)
   with pytest.raises(ValueError, match=r"tn_rs: x does not vary over axis_name='tp' \(it varies "
                                        r"over \['dp'\]\).*P\(\.\.\., None, 'tp'\).*summed 4 times"):
-    _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, "tp"), (x, w), (rep, P()), rep)
+    _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, "tp"), (x, w), (rep, P()),
+                   P("dp", "tp", None))
   with pytest.raises(ValueError, match=r"ag_tn: x does not vary over axis_name='tp'.*"
                                        r"P\(\.\.\., 'tp', None\).*gathered 4 times"):
-    _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, "tp"), (x, w), (rep, P()), rep)
+    _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, "tp"), (x, w), (rep, P()),
+                   P("dp", None, "tp"))
   with pytest.raises(ValueError, match=r"ag_nn: dy does not vary"):
     _lower_checked(lambda d, w: ops.ag_nn(d, w, axis_name="tp"), (x, w), (rep, P()), rep)
   with pytest.raises(ValueError, match=r"bulk_ag_nn: x does not vary"):

@@ -40,7 +40,8 @@ class MoEConfig:
     ceil(capacity_factor * t_local * k / E), capped at t_local. Overflow never
     drops tokens: the layer falls back to a dropless pass whose buffers hold the
     routed (token, expert) pairs, not experts x tokens rows (see
-    kosmos_jax.reference.moe). None = always that dropless pass.
+    kosmos_jax.reference.moe). None (or any capacity that reaches t_local) = always
+    that dropless pass, which then has nothing to fall back from.
   shared_expert_intermediate: width of an always-on SwiGLU shared expert (0 = none).
   gating: where a token's combine weight g_j for its expert j applies.
     'output': y = sum_j g_j * expert_j(x) (DeepSeek-V3, Qwen, Switch).
