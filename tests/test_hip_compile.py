@@ -3,6 +3,7 @@
 (issue 25; tests/hip/hip_codegen.py does the work, scripts/hip_check.sh is its
 command line). CI installs the toolchain and sets KOSMOS_REQUIRE_HIP=1, so a
 missing compiler fails there instead of skipping."""
+import glob
 import json
 import os
 import re
@@ -38,15 +39,16 @@ def _script(*args):
 @pytest.fixture(scope="module")
 def check(tmp_path_factory):
   """One run of the check as CI's entry point runs it: all targets, the real
-  translation unit, the recorded bounds. Returns (reports, stdout)."""
+  translation unit, the recorded bounds. Returns (reports, stdout, {target: assembly file})."""
   work = tmp_path_factory.mktemp("hip_check")
   _toolchains_or_skip(work)
   out = work / "report.json"
-  r = _script("--json", str(out))
+  r = _script("--json", str(out), "--keep", str(work / "asm"))
   assert r.returncode == 0, f"scripts/hip_check.sh failed (exit {r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
   with open(out) as f:
     reports = {t: [hc.KernelReport(**k) for k in ks] for t, ks in json.load(f).items()}
-  return reports, r.stdout
+  asm = {os.path.basename(p).split(".")[-2]: p for p in glob.glob(str(work / "asm" / "*" / "*.s"))}
+  return reports, r.stdout, asm
 
 
 def _instantiated_kernels():
@@ -62,7 +64,7 @@ def _instantiated_kernels():
 
 
 def test_every_portable_kernel_becomes_code_for_every_target(check):
-  reports, stdout = check
+  reports, stdout, _ = check
   assert set(reports) == set(hc.TARGETS)
   want = _instantiated_kernels()
   assert len(want) >= 15, want  # 10 TP+SP instantiations, 4 portable_gemm, copy_kernel
@@ -75,13 +77,12 @@ def test_every_portable_kernel_becomes_code_for_every_target(check):
   assert "generated code for" in stdout and "ag_tn_kernel<bf16>" in stdout  # the printed report
 
 
-def test_fused_kernels_hold_the_flag_atomics_and_timers(check, tmp_path):
+def test_fused_kernels_hold_the_flag_atomics_and_timers(check):
   """Code generation, not just parsing: the system-scope release/acquire of the
   cross-GPU flags and the wall-clock timer are in the fused kernels' code."""
-  _toolchains_or_skip(tmp_path, ["gfx950"])
-  asm, _ = hc.compile_tu("gfx950", hc.DEFAULT_TU, str(tmp_path))
-  bodies = hc._functions(asm)
-  reports, _ = check
+  reports, _, asm = check
+  with open(asm["gfx950"]) as f:
+    bodies = hc._functions(f.read())
   for r in reports["gfx950"]:
     if not r.name.startswith(("ag_tn_kernel", "tn_rs_kernel")):
       continue
@@ -91,7 +92,7 @@ def test_fused_kernels_hold_the_flag_atomics_and_timers(check, tmp_path):
 
 
 def test_bounds_catch_growth_missing_and_stale_entries(check):
-  reports, _ = check
+  reports, _, _ = check
   bounds = hc.read_bounds()
   assert not hc.check_bounds(reports, bounds)  # the script passed, so must this
   victim = reports["gfx942"][0]
