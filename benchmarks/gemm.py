@@ -52,7 +52,7 @@ import jax.numpy as jnp  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import harness  # noqa: E402
 from kosmos_jax import ops  # noqa: E402
-from kosmos_jax.ops._fused_gemm import engine_runs  # noqa: E402
+from kosmos_jax.testing import engine_runs  # noqa: E402
 
 KERNEL_OF = {"TN": "ag_tn", "NN": "ag_nn", "NT": "bulk_rs_nt"}
 OUT = harness.HERE / "out"

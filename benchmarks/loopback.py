@@ -20,7 +20,7 @@ at TP = --tp, for the five kernels (KERNELS below maps a shape onto each op's op
   --arms      loopback calls of the fused kernel, every rank concurrently, per call;
               an arm is "pull", "push" or (RS) "push_fold" plus optional "+fp32" (RS partials staged
               fp32), "+bandsN" (RS band rows), "+crewN" (initial movers / reducers);
-              what it leaves out is what the ops pick (kosmos_jax.config: ag_movers,
+              what it leaves out is what the ops pick (kosmos_jax.kernel_config: ag_movers,
               rs_reducers, rs_band_rows, bf16 staging)
 Derived: <arm>_vs_gemm = arm / (tp x gemm_full).
 
@@ -55,9 +55,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import harness  # noqa: E402
 
-from kosmos_jax import config, ops  # noqa: E402
+from kosmos_jax import kernel_config as config, ops  # noqa: E402
 from kosmos_jax.testing import loopback as _loopback  # noqa: E402
-from kosmos_jax.ops._fused_tp import builder_runs  # noqa: E402
+from kosmos_jax.testing import builder_runs  # noqa: E402
 
 BF16 = jnp.bfloat16
 
@@ -128,7 +128,7 @@ def heap_mb(kernel, tp, rows, k, n) -> int:
 
 def arm_knobs(arm, kernel, k, n, cap=None, sms=None) -> dict:
   """Loopback keyword arguments of `arm` ("pull"/"push" + "+fp32", "+bandsN", "+crewN"),
-  the rest as the ops choose them (kosmos_jax/ops/_fused_tp.py) for a grid of
+  the rest as the ops choose them (kosmos_jax.kernel_config) for a grid of
   `cap` CTAs on a GPU of `sms` SMs."""
   transport, *mods = arm.split("+")
   if transport not in config.RS_PUSH_ATTR or (transport == "push_fold" and kernel != "tn_rs"):

@@ -10,7 +10,7 @@ one run (DESIGN.md §7):
   kosmos_unfused  XLA's collective, then ops.matmul(impl="fused")
   kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused" (the default transport, pull)
   kosmos_push     the fused lowering with transport="push" (movers / builders write into the
-                  peers' heaps; kosmos_jax.config AgConfig / RsConfig)
+                  peers' heaps; kosmos_jax.kernel_config AgConfig / RsConfig)
   kosmos_fold     GEMM+RS only: transport="push_fold" (pushed partials summed in the owners'
                   builders' epilogues, no reducers; RsConfig)
   fixed_split     the fused lowering with role switching off (switching=False) and a fixed
@@ -496,7 +496,7 @@ def run_all(args, mesh):
 def builder_line() -> str:
   """Which builder engine the fused launches of this process ran (never assumed)."""
   try:
-    from kosmos_jax.ops._fused_tp import builder_runs
+    from kosmos_jax.testing import builder_runs
     return f"- fused launches per builder engine in this run: {builder_runs()}"
   except (ImportError, NotImplementedError) as e:
     return f"- fused builder counters unavailable: {e}"

@@ -30,12 +30,13 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kosmos_jax import ops
+from kosmos_jax import AgConfig, RsConfig, ops
 
 PAPER_TP = 8
 AXIS = "tp"
 SPLIT_DIM = {"ag_tn": "N", "tn_rs": "K"}  # the per-rank dim that TP divides
-KNOB = {"ag_tn": "movers", "tn_rs": "reducers"}  # initial crew knob of the fused lowering
+KNOB = {"ag_tn": "movers", "tn_rs": "reducers"}  # initial crew knob of the fused op's config
+CONFIG = {"ag_tn": AgConfig, "tn_rs": RsConfig}  # the op's public launch-config type
 FIXED_CREW = 56  # the brief's fixed split: 56 of 132 CTAs start in the comm role
 SWEEP = (8, 16, 33, 56, 88)  # small sweep for the best fixed split (grid-clamped)
 # Smoke shapes: tiny, divisible by 2 and 4 ranks, so CPU virtual devices run them in ms.
@@ -175,44 +176,37 @@ def arm_kosmos_unfused(pb):
   return {"": (_smap(pb, lambda x, w: _scatter(_kosmos_gemm(x, w))), "std")}
 
 
+def fused_config(kernel, knobs):
+  """`kernel`'s public launch config (AgConfig / RsConfig) with `knobs` ({name:
+  value}); Unavailable names a knob the config type does not have."""
+  cls = CONFIG[kernel]
+  unknown = sorted(set(knobs) - {f.name for f in dataclasses.fields(cls)})
+  if unknown:
+    raise Unavailable(f"not supported: {cls.__name__} ({kernel}) has no knob {', '.join(unknown)}")
+  return cls(**knobs)
+
+
+def _fused_call(kernel, config, x, w):
+  return getattr(ops, kernel)(x, w, axis_name=AXIS, impl="fused", config=config)
+
+
 def arm_kosmos_fused(pb, knobs=None):
   """The public op with impl="fused"; with `knobs` ({name: value}, e.g. band_rows=8),
-  the fused lowering called with those launch knobs, recorded as the variant."""
+  given as its config, recorded as the variant."""
   _need_fused(pb.kernel)
-  if knobs:
-    fn = fused_lowering(pb.kernel)
-    unknown = sorted(set(knobs) - set(inspect.signature(fn).parameters))
-    if unknown:
-      raise Unavailable(f"not supported: the {pb.kernel} fused lowering has no knob {', '.join(unknown)}")
-    variant = ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))
-    return {variant: (_smap(pb, lambda x, w: fn(x, w, axis_name=AXIS, **knobs)), "std")}
-  op = getattr(ops, pb.kernel)
-  return {"": (_smap(pb, lambda x, w: op(x, w, axis_name=AXIS, impl="fused")), "std")}
-
-
-def fused_lowering(kernel):
-  """The fused lowering with its initial-crew knob, or Unavailable if it has none."""
-  _need_fused(kernel)
-  from kosmos_jax.ops import _fused_tp
-  fn = getattr(_fused_tp, f"{kernel}_fused", None)
-  if fn is None or KNOB[kernel] not in inspect.signature(fn).parameters:
-    raise Unavailable(f"not supported: the {kernel} fused lowering exposes no {KNOB[kernel]}= knob")
-  return fn
+  cfg = fused_config(pb.kernel, knobs or {})
+  variant = ",".join(f"{k}={v}" for k, v in sorted((knobs or {}).items()))
+  return {variant: (_smap(pb, functools.partial(_fused_call, pb.kernel, cfg)), "std")}
 
 
 def arm_fixed_split(pb, crews):
   """The fused op with role switching off (switching=False): `crew` CTAs move (AG) or
   reduce (RS) and nothing else, the rest only build (paper Table 2). A crew of 0 has
   nobody to move / reduce, so crews start at 1; the kernel keeps one builder."""
-  fn = fused_lowering(pb.kernel)
-  if "switching" not in inspect.signature(fn).parameters:
-    raise Unavailable(f"not supported: the {pb.kernel} fused lowering cannot turn role switching off")
-  return {f"{KNOB[pb.kernel]}={c}": (_smap(pb, functools.partial(_crew_call, fn, KNOB[pb.kernel], c)), "std")
+  _need_fused(pb.kernel)
+  return {f"{KNOB[pb.kernel]}={c}": (_smap(pb, functools.partial(
+      _fused_call, pb.kernel, fused_config(pb.kernel, {"switching": False, KNOB[pb.kernel]: c}))), "std")
           for c in crews if c >= 1}
-
-
-def _crew_call(fn, knob, crew, x, w):
-  return fn(x, w, axis_name=AXIS, switching=False, **{knob: crew})
 
 
 def num_sms() -> int:

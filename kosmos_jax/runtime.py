@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from kosmos_jax import _ext
-from kosmos_jax import config as _config
+from kosmos_jax import kernel_config as _config
 
 _lock = threading.Lock()
 _state: dict | None = None

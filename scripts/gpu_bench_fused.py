@@ -28,8 +28,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
 import harness  # noqa: E402
 
-from kosmos_jax import ops  # noqa: E402
-from kosmos_jax.ops._fused_tp import ag_tn_fused, builder_runs, tn_rs_fused  # noqa: E402
+from kosmos_jax import AgConfig, RsConfig, ops  # noqa: E402
+from kosmos_jax.testing import builder_runs  # noqa: E402
 
 DEFAULT = {"ag_tn": [8192, 8192, 7168, 8192, 4096, 3072], "tn_rs": [8192, 3584, 8192, 8192, 512, 4096]}
 
@@ -45,13 +45,15 @@ def _arms(kernel, M, K, N, m1, m2, crews=(0, 8, 16, 32), bands=(), transport="pu
   put = lambda a, mesh, spec: jax.device_put(a, NamedSharding(mesh, spec))
   if kernel == "ag_tn":
     x, w = jax.random.normal(key1, (M, K), jnp.bfloat16), jax.random.normal(key2, (K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, fused = P("tp", None), P(), P("tp", None), ag_tn_fused
+    xs, ws, ys, cfg = P("tp", None), P(), P("tp", None), AgConfig
     xla = lambda a, b: jax.lax.all_gather(a, "tp", axis=0, tiled=True) @ b
   else:  # x [M, tp*K], w [tp*K, N]: rank r holds K columns of x and K rows of w
     x, w = jax.random.normal(key1, (M, 2 * K), jnp.bfloat16), jax.random.normal(key2, (2 * K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, fused = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
+    xs, ws, ys, cfg = P(None, "tp"), P("tp", None), P("tp", None), RsConfig
     xla = lambda a, b: jax.lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
-  op = lambda a, b, **kw: fused(a, b, transport=transport, **kw)  # noqa: E731
+  fused = getattr(ops, kernel)
+  op = lambda a, b, axis_name, **kw: fused(a, b, axis_name=axis_name, impl="fused",  # noqa: E731
+                                           config=cfg(transport=transport, **kw))
   x1, w1 = put(x[:, :K] if kernel == "tn_rs" else x, m1, P()), put(w[:K] if kernel == "tn_rs" else w, m1, P())
   x2, w2 = put(x, m2, xs), put(w, m2, ws)
   arms = {

@@ -25,8 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from kosmos_jax import trace  # noqa: E402
-from kosmos_jax.ops._fused_tp import ag_tn_fused, tn_rs_fused  # noqa: E402
+from kosmos_jax import ops, trace  # noqa: E402
 
 
 def _problem(kernel, mesh, M, K, N):
@@ -34,11 +33,13 @@ def _problem(kernel, mesh, M, K, N):
   k1, k2 = jax.random.key(1), jax.random.key(2)
   if kernel == "ag_tn":
     x, w = jax.random.normal(k1, (M, K), jnp.bfloat16), jax.random.normal(k2, (K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, op = P("tp", None), P(), P("tp", None), ag_tn_fused
+    xs, ws, ys = P("tp", None), P(), P("tp", None)
   else:
     x, w = jax.random.normal(k1, (M, tp * K), jnp.bfloat16), jax.random.normal(k2, (tp * K, N), jnp.bfloat16) * 0.02
-    xs, ws, ys, op = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused
-  f = jax.jit(jax.shard_map(lambda a, b: op(a, b, axis_name="tp"), mesh=mesh, in_specs=(xs, ws), out_specs=ys))
+    xs, ws, ys = P(None, "tp"), P("tp", None), P("tp", None)
+  op = getattr(ops, kernel)
+  f = jax.jit(jax.shard_map(lambda a, b: op(a, b, axis_name="tp", impl="fused"), mesh=mesh, in_specs=(xs, ws),
+                            out_specs=ys))
   return f, (jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)))
 
 

@@ -130,7 +130,7 @@ def sharded_layer(cfg: MoEConfig, ep: int, names, impl=None, stats=False):
   m = ep_mesh(ep)
 
   def local(x, *params):
-    return moe_layer(x, dict(zip(names, params)), cfg, "ep", impl=impl, return_stats=stats)
+    return moe_layer(x, dict(zip(names, params)), cfg, axis_name="ep", impl=impl, return_stats=stats)
 
   outs = (P("ep"), P()) + ((RoutingStats(P(), P(), P(), P()),) if stats else ())
   f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=outs)

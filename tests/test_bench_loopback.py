@@ -41,7 +41,7 @@ def test_table_states_ratios_and_geomeans():
 
 
 def test_arm_knobs_follow_the_ops_defaults_and_modifiers():
-  from kosmos_jax import config
+  from kosmos_jax import kernel_config as config
   kw = L.arm_knobs("pull", "tn_rs", 6656, 16384)
   assert kw == dict(push=(0,), knob=config.rs_reducers(6656), stage_bf16=True,
                     band_rows=config.rs_band_rows(16384, 6656))

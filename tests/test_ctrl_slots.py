@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from kosmos_jax import config, runtime
+from kosmos_jax import kernel_config as config, runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from kosmos_jax import ops
-from kosmos_jax.ops import _dispatch
+from kosmos_jax.testing import fake_fused
 from helpers import P, assert_close, fresh, mesh, put
 
 
@@ -19,8 +19,8 @@ def lower(impl=None, tp=2, x=None, w=None):
 
 
 def test_auto_uses_reference_without_kernels():
-  assert _dispatch.choose("ag_tn", "auto") == "reference"
-  assert _dispatch.choose("ag_tn", "reference") == "reference"
+  assert ops.choose("ag_tn", "auto") == "reference"
+  assert ops.choose("ag_tn", "reference") == "reference"
 
 
 def test_fused_without_kernel_raises(monkeypatch):
@@ -35,7 +35,7 @@ def test_fused_without_kernel_raises(monkeypatch):
 
 def test_env_values(monkeypatch):
   monkeypatch.setenv("KOSMOS_IMPL", "reference")
-  assert _dispatch.default_impl() == "reference"
+  assert ops.default_impl() == "reference"
   lower()
   monkeypatch.setenv("KOSMOS_IMPL", "turbo")
   with pytest.raises(ValueError, match=r"KOSMOS_IMPL='turbo' must be one of"):
@@ -56,27 +56,26 @@ def test_fused_status_names_the_reason():
     assert why
 
 
-def test_auto_needs_an_auto_registration(monkeypatch):
+def test_auto_needs_an_auto_registration():
   """A fused kernel that can run but is not registered auto=True runs only when asked."""
-  monkeypatch.setattr(_dispatch, "_FUSED", dict(_dispatch._FUSED))
-  monkeypatch.setattr(_dispatch, "_AUTO", set(_dispatch._AUTO))
-  monkeypatch.setattr(_dispatch._ext, "available", lambda: _dispatch._ext.Availability(True, "test"))
-  _dispatch.register_fused("toy", lambda *a: None)
-  assert _dispatch.choose("toy", "fused") == "fused"
-  assert _dispatch.choose("toy", "auto") == "reference"
-  assert "not yet faster than XLA" in _dispatch.auto_note("toy")
-  _dispatch.register_fused("toy", lambda *a: None, auto=True)
-  assert _dispatch.choose("toy", "auto") == "fused"
-  assert _dispatch.auto_note("toy") == ""
+  with fake_fused({"toy": lambda *a: None}):
+    assert ops.choose("toy", "fused") == "fused"
+    assert ops.choose("toy", "auto") == "reference"
+    assert "not yet faster than XLA" in ops.auto_note("toy")
+  with fake_fused({"toy": lambda *a: None}, auto=True):
+    assert ops.choose("toy", "auto") == "fused"
+    assert ops.auto_note("toy") == ""
+  # The stand-ins are gone again.
+  assert "no fused kernel for 'toy'" in ops.fused_status("toy")[1]
 
 
 def test_one_spelling_rule_for_impl(monkeypatch):
   """Issue 24.6: impl='Reference' was rejected while KOSMOS_IMPL=Reference was accepted."""
   for bad in ("Reference", " reference", "FUSED"):
     with pytest.raises(ValueError, match=rf"impl={bad!r} must be one of"):
-      _dispatch.choose("ag_tn", bad)
+      ops.choose("ag_tn", bad)
     monkeypatch.setenv("KOSMOS_IMPL", bad)
     with pytest.raises(ValueError, match=rf"KOSMOS_IMPL={bad!r} must be one of"):
-      _dispatch.default_impl()
+      ops.default_impl()
   monkeypatch.setenv("KOSMOS_IMPL", "")
-  assert _dispatch.default_impl() == "auto"  # set but empty: as if unset
+  assert ops.default_impl() == "auto"  # set but empty: as if unset

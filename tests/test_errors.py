@@ -20,7 +20,7 @@ def test_outside_shard_map():
   with pytest.raises(ValueError, match=r"axis_name='tp' is not bound.*shard_map"):
     ops.ag_tn(fresh((8, 4)), fresh((4, 4)), axis_name="tp")
   with pytest.raises(ValueError, match="not bound"):
-    tp_lib.row_parallel_linear(fresh((8, 4)), fresh((4, 4)), "tp")
+    tp_lib.row_parallel_linear(fresh((8, 4)), fresh((4, 4)), axis_name="tp")
 
 
 def test_unknown_axis_name():
@@ -100,11 +100,11 @@ def test_replicated_sequence_input_raises():
   rep = P("dp", None, None)
   with pytest.raises(ValueError, match=r"tn_rs: x does not vary over axis_name='tp' \(it varies "
                                        r"over \['dp'\]\).*P\(\.\.\., None, 'tp'\).*summed 4 times"):
-    _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, "tp"), (x, w), (rep, P()),
+    _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, axis_name="tp"), (x, w), (rep, P()),
                    P("dp", "tp", None))
   with pytest.raises(ValueError, match=r"ag_tn: x does not vary over axis_name='tp'.*"
                                        r"P\(\.\.\., 'tp', None\).*gathered 4 times"):
-    _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, "tp"), (x, w), (rep, P()),
+    _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, axis_name="tp"), (x, w), (rep, P()),
                    P("dp", None, "tp"))
   with pytest.raises(ValueError, match=r"ag_nn: dy does not vary"):
     _lower_checked(lambda d, w: ops.ag_nn(d, w, axis_name="tp"), (x, w), (rep, P()), rep)
@@ -115,9 +115,9 @@ def test_replicated_sequence_input_raises():
     _lower_checked(lambda a, b, c: ops.bulk_rs_nt(a, b, c, axis_name="tp")[1],
                    (x, x, x), (rep, rep, rep), P())
   # Sharded as documented, and replicated at tp = 1 (the same thing there), both lower.
-  _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, "tp"), (x, w),
+  _lower_checked(lambda x, w: tp_lib.row_parallel_linear(x, w, axis_name="tp"), (x, w),
                  (P("dp", None, "tp"), P("tp", None)), P("dp", "tp", None))
-  _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, "tp"), (x, w), (rep, P()),
+  _lower_checked(lambda x, w: tp_lib.column_parallel_linear(x, w, axis_name="tp"), (x, w), (rep, P()),
                  P("dp", None, "tp"), tp=1)
 
 

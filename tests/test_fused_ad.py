@@ -1,5 +1,5 @@
 """Derivatives of fused ops. The FFI primitives have no differentiation rules, so the
-ops route a fused call through `_dispatch.run_fused`, which gives it its reference
+ops route a fused call through the dispatcher's `run_fused`, which gives it its reference
 twin's JVP (and, transposed, its VJP). On CPU a stand-in plays the fused kernel: the
 twin's value with its own derivative cut (stop_gradient on every input), so only
 run_fused's rule can produce the right derivative; the first test shows the
@@ -10,22 +10,21 @@ import jax.numpy as jnp
 import pytest
 
 from kosmos_jax import ops, reference
-from kosmos_jax.ops import _dispatch
+from kosmos_jax.testing import fake_fused
 from helpers import P, assert_close, fresh, mesh, put, shard_map
 
 
 def _stand_in(op):
-  def kernel(*args, cu_cap=None, **static):
-    del cu_cap
+  def kernel(*args, cu_cap=None, config=None, **static):
+    del cu_cap, config  # launch knobs: the twin has none
     return getattr(reference, op)(*[jax.lax.stop_gradient(a) for a in args], **static)
   return kernel
 
 
 @pytest.fixture
-def fused_stand_ins(monkeypatch):
-  monkeypatch.setattr(_dispatch, "fused_status", lambda op: (True, ""))
-  for op in ("matmul", "ag_tn", "tn_rs"):
-    monkeypatch.setitem(_dispatch._FUSED, op, _stand_in(op))
+def fused_stand_ins():
+  with fake_fused({op: _stand_in(op) for op in ("matmul", "ag_tn", "tn_rs")}):
+    yield
 
 
 def _grads(f, cot, *args):

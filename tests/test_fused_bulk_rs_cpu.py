@@ -3,15 +3,14 @@ the kernel's 2-D operands (dx_partial rank-major, x_gathered and dy flattened) a
 the outputs folded back, checked by standing a pure-JAX twin of the kernel's 2-D
 contract (csrc/bulk_rs_nt_cuda.cu) in for the primitive; the custom call it
 lowers to for CUDA; and derivatives through the dispatcher. The kernel itself
-runs on GPU only (tests/gpu, the loopback runner)."""
+runs on GPU only (tests/gpu, the loopback runner). The kernel-less setup is
+kosmos_jax.testing.fused_on_cpu; the ops are called through their public names."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from kosmos_jax import _ext, ops, reference, runtime
-from kosmos_jax.ops import _dispatch
-from kosmos_jax.ops import _fused_bulk_rs as fb
+from kosmos_jax import AgConfig, ops, reference
+from kosmos_jax.testing import fused_on_cpu, fused_ops
 from helpers import P, assert_close, fresh, mesh, put, shard_map
 
 
@@ -27,12 +26,15 @@ class _KernelTwin:
 
 
 @pytest.fixture
-def no_gpu_needed(monkeypatch):
-  monkeypatch.setattr(_ext, "has_target", lambda *a: True)
-  monkeypatch.setattr(runtime, "init", lambda *a, **k: {})
-  monkeypatch.setattr(runtime, "check_groups", lambda *a: None)
-  monkeypatch.setattr(runtime, "ctrl_slots", lambda groups: np.zeros(len(groups), np.int64))
-  monkeypatch.setattr(_dispatch, "fused_status", lambda op: (True, ""))
+def no_gpu_needed():
+  with fused_on_cpu():
+    yield
+
+
+@pytest.fixture
+def kernel_twin():
+  with fused_on_cpu({"bulk_rs_nt": _KernelTwin()}):
+    yield
 
 
 def _inputs(tp, lead, m, k, n, dtype):
@@ -41,12 +43,11 @@ def _inputs(tp, lead, m, k, n, dtype):
 
 
 def test_bulk_rs_nt_is_registered():
-  assert "bulk_rs_nt" in _dispatch._FUSED
+  assert "bulk_rs_nt" in fused_ops()
 
 
 @pytest.mark.parametrize("tp,lead", [(2, ()), (2, (3,)), (4, (2, 2))])
-def test_operands_and_outputs_fold_like_the_twin(no_gpu_needed, monkeypatch, tp, lead):
-  monkeypatch.setattr(fb, "bulk_rs_nt_p", _KernelTwin())
+def test_operands_and_outputs_fold_like_the_twin(kernel_twin, tp, lead):
   (dxp, xg, dy), specs = _inputs(tp, lead, 8 * tp, 16, 24, jnp.float32)
   m = mesh(tp)
   out = (specs[0], P("tp", None))  # dx sharded like its inputs' rows, dw per rank
@@ -58,8 +59,7 @@ def test_operands_and_outputs_fold_like_the_twin(no_gpu_needed, monkeypatch, tp,
     assert_close(g, w, what=f"bulk_rs_nt {name} tp={tp} lead={lead}")
 
 
-def test_grad_is_the_twins(no_gpu_needed, monkeypatch):
-  monkeypatch.setattr(fb, "bulk_rs_nt_p", _KernelTwin())
+def test_grad_is_the_twins(kernel_twin):
   tp = 2
   (dxp, xg, dy), specs = _inputs(tp, (2,), 8, 16, 24, jnp.float32)
   m = mesh(tp)
@@ -79,7 +79,8 @@ def test_grad_is_the_twins(no_gpu_needed, monkeypatch):
 def test_lowers_to_one_custom_call_with_two_results(no_gpu_needed):
   tp, k, n = 2, 16, 24
   (dxp, xg, dy), specs = _inputs(tp, (3,), 8 * tp, k, n, jnp.bfloat16)
-  f = shard_map(lambda *a: fb.bulk_rs_nt_fused(*a, axis_name="tp", movers=5, switching=False), mesh(tp), specs,
+  cfg = AgConfig(movers=5, switching=False)
+  f = shard_map(lambda *a: ops.bulk_rs_nt(*a, axis_name="tp", impl="fused", config=cfg), mesh(tp), specs,
                 (specs[0], P("tp", None)))
   text = f.trace(dxp, xg, dy).lower(lowering_platforms=("cuda",)).as_text()
   calls = [line for line in text.splitlines() if "custom_call @kosmos_bulk_rs_nt" in line]

@@ -29,7 +29,7 @@ def setup(kind):
     x, w = put(fresh((2, 16, 16)), m, P(None, None, "tp")), put(fresh((16, 8)), m, P("tp", None))
     specs, out = (P(None, None, "tp"), P("tp", None)), P(None, "tp", None)
     fn = tp_lib.row_parallel_linear
-  f = jax.shard_map(lambda x, w: fn(x, w, "tp"), mesh=m, in_specs=specs, out_specs=out)
+  f = jax.shard_map(lambda x, w: fn(x, w, axis_name="tp"), mesh=m, in_specs=specs, out_specs=out)
   return f, x, w
 
 

@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from kosmos_jax import ops, reference
-from kosmos_jax.ops import _dispatch
-from kosmos_jax.ops._fused_gemm import flops
+from kosmos_jax.testing import fused_ops, matmul_flops as flops
 from helpers import assert_close, fresh
 
 
@@ -20,7 +19,7 @@ def _no_gpu():
 
 
 def test_fused_matmul_is_registered():
-  assert "matmul" in _dispatch._FUSED
+  assert "matmul" in fused_ops()
 
 
 @pytest.mark.parametrize("layout", ["TN", "NN", "NT"])

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import assert_close, fresh, put, rel_err
 from kosmos_jax import moe, ops
-from kosmos_jax.ops import _dispatch
+from kosmos_jax.testing import fake_fused
 from kosmos_jax.reference import moe as ref_moe
 from kosmos_jax.moe import MoEConfig
 from moe_oracle import SPECS as moe_oracle_specs
@@ -212,11 +212,11 @@ def test_bad_input_errors():
   cfg = SOFTMAX
   p = make_params(cfg, jnp.float32, False)
   with pytest.raises(ValueError, match=r"x.shape=\(8, 12\) must be \[..., tokens, hidden=16\]"):
-    moe.moe_layer(jnp.zeros((8, 12)), p, cfg, "ep")
+    moe.moe_layer(jnp.zeros((8, 12)), p, cfg, axis_name="ep")
   with pytest.raises(ValueError, match=r"gate_up.shape=\(4, 12, 2, 8\) must be \(4, 16, 2, 8\)"):
     _call(cfg, 2, fresh((T, 16)), dict(p, gate_up=fresh((8, 12, 2, 8))))
   with pytest.raises(ValueError, match=r"'w1' is now 'gate_up'"):
-    moe.moe_layer(jnp.zeros((8, 16)), {"router_w": p["router_w"], "w1": p["gate_up"]}, cfg, "ep")
+    moe.moe_layer(jnp.zeros((8, 16)), {"router_w": p["router_w"], "w1": p["gate_up"]}, cfg, axis_name="ep")
   with pytest.raises(ValueError, match=r"needs shared_gate_up and shared_down"):
     _call(cfg.replace(shared_expert_intermediate=8), 2, fresh((T, 16)), p)
   with pytest.raises(ValueError, match=r"axis_name='ep' is not bound"):
@@ -376,7 +376,7 @@ def test_precision_reaches_every_dot():
   hi = jax.lax.Precision.HIGHEST
 
   def local(x, *ps):
-    y, aux = moe.moe_layer(x, dict(zip(names, ps)), cfg, "ep", precision=hi)
+    y, aux = moe.moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", precision=hi)
     return jnp.sum(y) + aux
 
   specs = (P("ep"), *[moe_oracle_specs[n] for n in names])
@@ -389,10 +389,8 @@ def test_precision_reaches_every_dot():
   assert all("HIGHEST" in d for d in dots), [d for d in dots if "HIGHEST" not in d][:2]
 
 
-def test_fused_path_refuses_a_precision(monkeypatch):
+def test_fused_path_refuses_a_precision():
   """A fused kernel has its own precision: asking for another is an error, not ignored."""
-  monkeypatch.setattr(_dispatch, "_FUSED", dict(_dispatch._FUSED, moe_forward=lambda *a, **k: None))
-  monkeypatch.setattr(_dispatch._ext, "available", lambda: _dispatch._ext.Availability(True, "test"))
   p = make_params(SOFTMAX, jnp.float32, False)
   m = ep_mesh(2)
 
@@ -402,8 +400,9 @@ def test_fused_path_refuses_a_precision(monkeypatch):
 
   f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), P(), P("ep"), P("ep")), out_specs=P("ep"))
   names, xs, ps = place(m, fresh((T, 16)), p)
-  with pytest.raises(ValueError, match=r"moe_forward: precision=.*HIGHEST.* cannot be honoured"):
-    jax.jit(f).lower(xs, *ps)
+  with fake_fused({"moe_forward": lambda *a, **k: None}):
+    with pytest.raises(ValueError, match=r"moe_forward: precision=.*HIGHEST.* cannot be honoured"):
+      jax.jit(f).lower(xs, *ps)
 
 
 def test_aux_loss_exactly_zero_with_a_nan_token():

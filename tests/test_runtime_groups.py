@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from kosmos_jax import config, runtime
+from kosmos_jax import kernel_config as config, runtime
 
 
 def _mesh(shape, names):
@@ -48,7 +48,7 @@ def test_heap_mb_env(monkeypatch):
 
 
 def test_fused_ag_refused_on_cpu():
-  from kosmos_jax.ops._dispatch import choose
+  from kosmos_jax.ops import choose
   with pytest.raises(NotImplementedError, match="ag_tn"):
     choose("ag_tn", "fused")
 

@@ -17,8 +17,8 @@ def dense_pair(x, w1, w2):
 
 def sharded_pair(m, impl=None):
   def local(x, w1, w2):
-    h = tp_lib.column_parallel_linear(x, w1, "tp", impl=impl)
-    return tp_lib.row_parallel_linear(jnp.tanh(h), w2, "tp", impl=impl)
+    h = tp_lib.column_parallel_linear(x, w1, axis_name="tp", impl=impl)
+    return tp_lib.row_parallel_linear(jnp.tanh(h), w2, axis_name="tp", impl=impl)
 
   dp = "dp" if "dp" in m.axis_names and m.shape["dp"] > 1 else None
   return jax.shard_map(local, mesh=m,
@@ -60,7 +60,7 @@ def test_2d_inputs_without_batch():
   m = mesh(4)
   x, w1, w2 = fresh((S, H)), fresh((H, F)), fresh((F, H))
   f = jax.shard_map(lambda x, a, b: tp_lib.row_parallel_linear(
-      tp_lib.column_parallel_linear(x, a, "tp"), b, "tp"), mesh=m,
+      tp_lib.column_parallel_linear(x, a, axis_name="tp"), b, axis_name="tp"), mesh=m,
       in_specs=(P("tp", None), P(None, "tp"), P("tp", None)), out_specs=P("tp", None))
   args = (put(x, m, P("tp", None)), put(w1, m, P(None, "tp")), put(w2, m, P("tp", None)))
   assert_close(jax.jit(f)(*args), np.asarray(x) @ np.asarray(w1) @ np.asarray(w2), jnp.float32)
@@ -75,7 +75,7 @@ def test_swiglu_mlp_matches_dense():
   m = mesh(tp)
   x, wgu, wd = fresh((B, S, H)), fresh((H, 2, F), scale=0.3), fresh((F, H), scale=0.3)
   specs = (P(None, "tp", None), P(None, None, "tp"), P("tp", None))
-  f = jax.shard_map(lambda x, a, b: tp_lib.parallel_swiglu_mlp(x, a, b, "tp"), mesh=m,
+  f = jax.shard_map(lambda x, a, b: tp_lib.parallel_swiglu_mlp(x, a, b, axis_name="tp"), mesh=m,
                     in_specs=specs, out_specs=P(None, "tp", None))
   args = [put(a, m, s) for a, s in zip((x, wgu, wd), specs)]
 

@@ -20,33 +20,35 @@ _RENAMED = {"w1": "gate_up", "w2": "down", "shared_w1": "shared_gate_up", "share
 
 
 def _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-             precision):
+             precision, cu_cap):
   y, aux, res = ops.moe_forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias,
-                                config=config, axis_name=axis_name, impl=impl, precision=precision)
+                                config=config, axis_name=axis_name, impl=impl, precision=precision,
+                                cu_cap=cu_cap)
   return (y, aux, routing_stats(res, config, axis_name)), res
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
 def _moe(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-         precision):
+         precision, cu_cap):
   return _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name,
-                  impl, precision)[0]
+                  impl, precision, cu_cap)[0]
 
 
 def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-             precision):
+             precision, cu_cap):
   out, res = _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config,
-                      axis_name, impl, precision)
+                      axis_name, impl, precision, cu_cap)
   return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
 
 
-def _moe_bwd(config, axis_name, impl, precision, saved, cts):
+def _moe_bwd(config, axis_name, impl, precision, cu_cap, saved, cts):
   res, router_w, gate_up, down, shared_gate_up, shared_down, bias = saved
   dy, daux, _ = cts  # the routing statistics are counts: nothing flows back through them
   primals = (res.x, router_w, gate_up, down, shared_gate_up, shared_down)
   dy = _compat.pvary_to(dy, _compat.vma(res.x))
   grads = ops.moe_backward(res, dy, daux, router_w, gate_up, down, shared_gate_up, shared_down,
-                           config=config, axis_name=axis_name, impl=impl, precision=precision)
+                           config=config, axis_name=axis_name, impl=impl, precision=precision,
+                           cu_cap=cu_cap)
   # Replicated weights (router, shared expert) got per-rank partial gradients: sum them.
   grads = tuple(None if g is None else _compat.reduce_to_vma(g, _compat.vma(p))
                 for g, p in zip(grads, primals))
@@ -70,8 +72,8 @@ def _check_params(params: dict) -> None:
       raise ValueError(f"moe_layer: params is missing {name!r} (got {sorted(params)})")
 
 
-def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None, precision=None,
-              return_stats: bool = False):
+def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, precision=None,
+              cu_cap=None, return_stats: bool = False):
   """Expert-parallel MoE layer, per device: call inside jax.shard_map over `axis_name`.
 
   Args:
@@ -87,6 +89,10 @@ def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None, preci
     impl: None (KOSMOS_IMPL), 'auto', 'reference' or 'fused'.
     precision: jax.lax.Precision of every dot (None = JAX's default); the fused
       kernels accept only None.
+    cu_cap: at most this many SMs for the fused megakernels. There is no MoE
+      kernel yet, so only the reference path runs, which checks it and ignores
+      it; nor is there a launch-knob config type for MoE (`config` is the model's
+      MoEConfig).
     return_stats: also return this step's `RoutingStats` (per-expert counts, max
       load, capacity fill, whether the dropless fallback ran), over the EP group.
   Returns:
@@ -103,7 +109,7 @@ def moe_layer(x, params: dict, config: MoEConfig, axis_name, *, impl=None, preci
     bias = jax.lax.stop_gradient(bias)
   y, aux, stats = _moe(x.reshape(-1, x.shape[-1]), params["router_w"], params["gate_up"],
                        params["down"], params.get("shared_gate_up"), params.get("shared_down"),
-                       bias, config, axis_name, impl, precision)
+                       bias, config, axis_name, impl, precision, cu_cap)
   y = y.reshape(*lead, y.shape[-1])
   # Counts and their ratios: no gradient (and none wanted through a later pmax of them).
   stats = jax.tree.map(jax.lax.stop_gradient, stats)

@@ -29,7 +29,11 @@ class _ParallelLinear(nnx.Module):
 
   Arguments follow flax.nnx.Linear (dtype, param_dtype, use_bias, kernel_init,
   bias_init, promote_dtype), except that use_bias defaults to False (Llama-style
-  blocks carry no biases); `impl` picks the op path, checked here.
+  blocks carry no biases); `impl` picks the op path, and `cu_cap`, `ag_config`
+  (kosmos_jax.AgConfig) and `rs_config` (kosmos_jax.RsConfig) are the fused
+  kernels' knobs, passed to `kosmos_jax.tp` as they are (see there which op takes
+  which). All four are checked here. Both linears take both configs, so one set of
+  knobs can be passed to every layer of a model.
   """
 
   _bias_sharded: bool  # subclasses: is the output dim (and so the bias) sharded over tp?
@@ -38,9 +42,11 @@ class _ParallelLinear(nnx.Module):
                tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
                kernel_init=default_kernel_init, bias_init=nnx.initializers.zeros_init(),
-               promote_dtype=dtypes.promote_dtype, impl: str | None = None, rngs: nnx.Rngs):
+               promote_dtype=dtypes.promote_dtype, impl: str | None = None, cu_cap: int | None = None,
+               ag_config=None, rs_config=None, rngs: nnx.Rngs):
     _spmd.check_module(type(self).__name__, impl=impl, in_features=in_features,
                        out_features=out_features)
+    tp_lib._check_knobs(type(self).__name__, cu_cap, ag_config, rs_config)
     _spmd.check_axes(mesh, tp_axis=tp_axis, dp_axis=dp_axis)
     tp = mesh.shape[tp_axis]
     sharded = out_features if self._bias_sharded else in_features
@@ -51,6 +57,7 @@ class _ParallelLinear(nnx.Module):
     self.in_features, self.out_features = in_features, out_features
     self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
+    self.cu_cap, self.ag_config, self.rs_config = cu_cap, ag_config, rs_config
     self.promote_dtype = promote_dtype
     axes = self._axes(tp_axis)
     self.kernel = nnx.Param(nnx.with_partitioning(kernel_init, axes, mesh=mesh)(
@@ -69,7 +76,8 @@ class _ParallelLinear(nnx.Module):
     x, kernel, bias = self.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
 
     def local(x, w, *b):
-      y = linear(x, w, tp, impl=self.impl)
+      y = linear(x, w, axis_name=tp, impl=self.impl, cu_cap=self.cu_cap, ag_config=self.ag_config,
+                 rs_config=self.rs_config)
       return y + b[0] if b else y
 
     args = [x, kernel]

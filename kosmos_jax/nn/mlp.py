@@ -31,15 +31,19 @@ class ParallelMLP(nnx.Module):
   [intermediate, hidden] sharded over tp on the first; `kosmos_jax.nn.MoE` names and
   lays out its experts' weights the same way, with a leading expert axis. Called on
   global [batch, seq, hidden] arrays sequence-sharded over tp; returns the same layout.
-  use_bias must stay False (no bias epilogue in the fused pair).
+  use_bias must stay False (no bias epilogue in the fused pair). `cu_cap`,
+  `ag_config` (kosmos_jax.AgConfig) and `rs_config` (kosmos_jax.RsConfig) are the
+  fused kernels' knobs, passed to `kosmos_jax.tp.parallel_swiglu_mlp` as they are.
   """
 
   def __init__(self, hidden: int, intermediate: int, *, mesh: jax.sharding.Mesh,
                tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
                dtype: Any = None, param_dtype: Any = jnp.float32, kernel_init=default_kernel_init,
-               promote_dtype=dtypes.promote_dtype, impl: str | None = None, rngs: nnx.Rngs):
+               promote_dtype=dtypes.promote_dtype, impl: str | None = None, cu_cap: int | None = None,
+               ag_config=None, rs_config=None, rngs: nnx.Rngs):
     _spmd.check_module("ParallelMLP", impl=impl, use_bias=use_bias, hidden=hidden,
                        intermediate=intermediate)
+    tp_lib._check_knobs("ParallelMLP", cu_cap, ag_config, rs_config)
     _spmd.check_axes(mesh, tp_axis=tp_axis, dp_axis=dp_axis)
     tp = mesh.shape[tp_axis]
     if intermediate % tp:
@@ -48,6 +52,7 @@ class ParallelMLP(nnx.Module):
     self.hidden, self.intermediate = hidden, intermediate
     self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
+    self.cu_cap, self.ag_config, self.rs_config = cu_cap, ag_config, rs_config
     self.promote_dtype = promote_dtype
     self.gate_up = nnx.Param(nnx.with_partitioning(
         gate_up_init(kernel_init), (None, None, tp_axis), mesh=mesh)(
@@ -62,7 +67,8 @@ class ParallelMLP(nnx.Module):
     act = _spmd.act_spec(x.ndim, dp, tp, None)
 
     def local(x, w1, w2):
-      return tp_lib.parallel_swiglu_mlp(x, w1, w2, tp, impl=self.impl)
+      return tp_lib.parallel_swiglu_mlp(x, w1, w2, axis_name=tp, impl=self.impl, cu_cap=self.cu_cap,
+                                        ag_config=self.ag_config, rs_config=self.rs_config)
 
     args = self.promote_dtype((x, self.gate_up[...], self.down[...]), dtype=self.dtype)
     return _spmd.run_sharded(local, self.mesh, list(args), [act, P(None, None, tp), P(tp, None)], act)

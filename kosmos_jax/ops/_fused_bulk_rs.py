@@ -14,8 +14,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from kosmos_jax import _compat, _ext, runtime
-from kosmos_jax import config as _config
-from kosmos_jax.config import AgConfig
+from kosmos_jax import kernel_config as _config
+from kosmos_jax.kernel_config import AgConfig
 from kosmos_jax.ops._dispatch import register_fused
 from kosmos_jax.ops._fused_tp import _axis, _lower_group_op, _rank_major
 
@@ -39,7 +39,7 @@ bulk_rs_nt_p.def_abstract_eval(_abstract)
 mlir.register_lowering(bulk_rs_nt_p, _lowering, platform="cuda")
 
 
-def bulk_rs_nt_fused(dx_partial, x_gathered, dy, *, axis_name, cu_cap=None, movers=None, switching=True):
+def bulk_rs_nt_fused(dx_partial, x_gathered, dy, *, axis_name, config: AgConfig):
   """(reduce_scatter_rows(dx_partial), x_gathered.T @ dy) in one persistent kernel.
 
   dx_partial [..., m, k] -> dx [..., m/tp, k], summed over the group in fp32 in rank
@@ -51,14 +51,19 @@ def bulk_rs_nt_fused(dx_partial, x_gathered, dy, *, axis_name, cu_cap=None, move
 
   bf16 on an H100/H200 with k and n multiples of 8 builds dw with the Hopper engine
   (kernels/tp/bulk_rs_sm90.cuh); other dtypes and GPUs, and
-  KOSMOS_FUSED_BUILDERS=portable, with the portable one; `builder_runs()` counts
-  which ran. `movers`: CTAs that start pushing (None: the AG rule of the output
-  width n, since GEMM work per byte moved is n here too; 0: every CTA builds
-  first). `switching=False`: a fixed split, where movers push and reduce and
-  builders only build (needs a grid of >= 2 CTAs). The transport is always push."""
+  KOSMOS_FUSED_BUILDERS=portable, with the portable one;
+  `kosmos_jax.testing.builder_runs()` counts which ran. `config` (AgConfig,
+  resolved by ops.bulk_rs_nt): `movers`, CTAs that start pushing (None: the AG
+  rule of the output width n, since GEMM work per byte moved is n here too; 0:
+  every CTA builds first); `switching=False`: a fixed split, where movers push
+  and reduce and builders only build (needs a grid of >= 2 CTAs). The transport
+  is always push, so config.transport must stay the default."""
   if not _ext.has_target("kosmos_bulk_rs_nt", "cuda"):
     raise NotImplementedError("kosmos_bulk_rs_nt is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching)
+  cfg = config
+  if cfg.transport != "pull":
+    raise ValueError(f"bulk_rs_nt (fused): transport={cfg.transport!r} is not a choice here; its "
+                     "reduce-scatter always pushes, so leave AgConfig.transport at its default")
   runtime.init()  # trace time: heaps exist before any kernel runs
   tp = int(_compat.axis_size(axis_name))
   *lead, m, k = dx_partial.shape

@@ -7,7 +7,8 @@ Leading batch dims are folded into rows, so the kernel always sees 2-D operands:
   NT: a [..., m, k] -> [rows, k],  b [..., m, n] -> [rows, n]         -> out [k, n]
 bf16 on an H100/H200 (compute capability 9.0) runs the Hopper engine; f16, f32,
 other GPUs and shapes TMA cannot describe (a leading dim not a multiple of 8)
-run the portable engine. `engine_runs()` says which ran, per launch count.
+run the portable engine. `kosmos_jax.testing.engine_runs()` says which ran, per
+launch count.
 
 Registered with the dispatcher at import; `choose` still refuses it unless the
 CUDA extension is built and a GPU is visible.
@@ -15,7 +16,6 @@ CUDA extension is built and a GPU is visible.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import numpy as np
@@ -72,25 +72,6 @@ def matmul_fused(a, b, *, layout: str, cu_cap=None):
   if layout == "NT":
     return y
   return y.reshape(*a.shape[:-1], y.shape[-1])
-
-
-def engine_runs() -> dict[str, int]:
-  """Test hook: kosmos_matmul launches per engine since the process started
-  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'sm90_128x256c2', 'portable')."""
-  mod, why = _ext._module()
-  if mod is None or not hasattr(mod, "matmul_engine_runs"):
-    raise NotImplementedError(f"kosmos_matmul engine counters unavailable: {why or 'extension built without CUDA'}")
-  return dict(mod.matmul_engine_runs())
-
-
-def flops(a_shape, b_shape, layout: str) -> float:
-  """2 * M * N * K of one matmul call (benchmarks)."""
-  rows = math.prod(a_shape[:-1])
-  if layout == "TN":
-    return 2.0 * rows * a_shape[-1] * b_shape[1]
-  if layout == "NN":
-    return 2.0 * rows * a_shape[-1] * b_shape[0]
-  return 2.0 * rows * a_shape[-1] * b_shape[-1]
 
 
 # Not the `auto` default: 0.89-0.92x of XLA's cuBLAS dot (geomean, paper shapes,

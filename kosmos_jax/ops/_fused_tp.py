@@ -7,6 +7,8 @@ CUDA extension is built and a GPU is visible.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +16,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from kosmos_jax import _compat, _ext, runtime
-from kosmos_jax import config as _config
-from kosmos_jax.config import AgConfig, RsConfig
+from kosmos_jax import kernel_config as _config
+from kosmos_jax.kernel_config import AgConfig, RsConfig
 from kosmos_jax.ops._dispatch import register_fused
 
 ag_tn_p = Primitive("kosmos_ag_tn")
@@ -55,20 +57,21 @@ ag_tn_p.def_abstract_eval(_ag_tn_abstract)
 mlir.register_lowering(ag_tn_p, _ag_tn_lowering, platform="cuda")
 
 
-def ag_tn_fused(x, w, *, axis_name, cu_cap=None, movers=None, switching=True, transport="pull"):
+def ag_tn_fused(x, w, *, axis_name, config: AgConfig):
   """allgather_rows(x) @ w in one persistent kernel.
 
   bf16 on an H100/H200 (compute capability 9.0) builds tiles with the Hopper
   engine (kernels/tp/ag_gemm_sm90.cuh); there builders never move, so with peers
   at least one CTA starts as a mover (`movers=0` runs as 1). Other dtypes and
   GPUs, and KOSMOS_FUSED_BUILDERS=portable, use portable builders
-  (kernels/tp/ag_gemm.cuh). `builder_runs()` counts which ran. `switching=False`
-  turns the one-way mover -> builder switch off (a fixed split, benchmarks).
+  (kernels/tp/ag_gemm.cuh). `kosmos_jax.testing.builder_runs()` counts which
+  ran. `config` (AgConfig, resolved by ops.ag_tn): `switching=False` turns the
+  one-way mover -> builder switch off (a fixed split, benchmarks);
   `transport="push"` (Hopper builders only) has movers write their rows into the
-  peers' heaps instead of the peers pulling them; see kosmos_jax.config.AgConfig."""
+  peers' heaps instead of the peers pulling them."""
   if not _ext.has_target("kosmos_ag_tn", "cuda"):
     raise NotImplementedError("kosmos_ag_tn is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching, transport=transport)
+  cfg = config
   runtime.init()  # trace time: heaps exist before any kernel runs
   mv = _config.ag_movers(int(w.shape[-1])) if cfg.movers is None else cfg.movers
   tp = int(_compat.axis_size(axis_name))
@@ -82,17 +85,6 @@ def _sm_count() -> int | None:
   """SMs of this process's first GPU (all of a group's GPUs are alike), or None."""
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   return getattr(gpus[0], "core_count", None) if gpus else None
-
-
-def builder_runs() -> dict[str, dict[str, int]]:
-  """Test hook: fused launches per builder engine since the process started,
-  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}, ...} for every fused
-  TP+SP op compiled into the extension."""
-  mod, why = _ext._module()
-  if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
-    raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
-  ops = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
-  return {op: dict(getattr(mod, f"{op}_engine_runs")()) for op in ops if hasattr(mod, f"{op}_engine_runs")}
 
 
 # Not the `auto` default: measured at TP 2 only (1.14x XLA's all-gather + cuBLAS
@@ -133,8 +125,7 @@ def _axis(axis_name):
   return tuple(axis_name) if isinstance(axis_name, list) else axis_name
 
 
-def ag_nn_fused(dy, w, *, axis_name, return_gathered=False, cu_cap=None, movers=None, switching=True,
-                transport="pull"):
+def ag_nn_fused(dy, w, *, axis_name, return_gathered=False, config: AgConfig):
   """all_gather_rows(dy) @ w.T in one persistent kernel (the row-parallel dgrad),
   and all_gather_rows(dy) itself, written once by the movers as they deliver it
   (the weight gradient's operand). The movers, transport and knobs are ag_tn's
@@ -142,7 +133,7 @@ def ag_nn_fused(dy, w, *, axis_name, return_gathered=False, cu_cap=None, movers=
   only the pull transport gathers into the returned array."""
   if not _ext.has_target("kosmos_ag_nn", "cuda"):
     raise NotImplementedError("kosmos_ag_nn is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching, transport=transport)
+  cfg = config
   if cfg.transport != "pull":
     raise ValueError(f"ag_nn (fused): transport={cfg.transport!r} is not supported; the fused ag_nn gathers "
                      "by pull (its movers write the returned gathered dy as they pull it)")
@@ -177,14 +168,17 @@ bulk_ag_nn_p.def_abstract_eval(_bulk_ag_nn_abstract)
 mlir.register_lowering(bulk_ag_nn_p, _bulk_ag_nn_lowering, platform="cuda")
 
 
-def bulk_ag_nn_fused(x, dy, w, *, axis_name, cu_cap=None, movers=None, switching=True):
+def bulk_ag_nn_fused(x, dy, w, *, axis_name, config: AgConfig):
   """(all_gather_rows(x), dy @ w.T) in one persistent kernel: the gather the
   column-parallel weight gradient needs runs beside the dgrad GEMM, which needs
   no gathered row. Movers pull peers' rows straight into the gathered output
   and build once the gather is done (AgConfig's movers and switching; pull)."""
   if not _ext.has_target("kosmos_bulk_ag_nn", "cuda"):
     raise NotImplementedError("kosmos_bulk_ag_nn is not compiled into this extension (CUDA build needed)")
-  cfg = AgConfig(cu_cap=cu_cap, movers=movers, switching=switching)
+  cfg = config
+  if cfg.transport != "pull":
+    raise ValueError(f"bulk_ag_nn (fused): transport={cfg.transport!r} is not supported; its movers pull "
+                     "peers' rows straight into the gathered output")
   _check_row_bytes("bulk_ag_nn", "x", x)
   runtime.init()
   mv = _config.ag_movers(int(w.shape[0])) if cfg.movers is None else cfg.movers
@@ -231,8 +225,7 @@ def _rank_major(x, tp):
   return x.reshape(b, tp, m // tp, k).transpose(1, 0, 2, 3).reshape(m * b, k)
 
 
-def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, switching=True, band_rows=None,
-                transport="pull"):
+def tn_rs_fused(x, w, *, axis_name, config: RsConfig):
   """reduce_scatter_rows(x @ w) in one persistent kernel: x [..., m, k] -> [..., m/tp, n],
   summed over the group in fp32 in rank order and rounded once (bitwise reproducible).
 
@@ -240,20 +233,19 @@ def tn_rs_fused(x, w, *, axis_name, cu_cap=None, reducers=None, stage=None, swit
   builds tiles with the Hopper engine (kernels/tp/gemm_rs_sm90.cuh), whose reducers
   wait for builders instead of building; otherwise, and with
   KOSMOS_FUSED_BUILDERS=portable, portable builders (kernels/tp/gemm_rs.cuh).
-  `builder_runs()` counts which ran. `stage` ("bf16" default for bf16 inputs, or
-  "fp32"): the partial tiles' dtype, see kosmos_jax.config.RsConfig. `switching=False`
-  turns the one-way builder -> reducer switch off (a fixed split, benchmarks).
-  `band_rows`: tile rows per band for the Hopper builders (RsConfig). `transport="push"`
+  `kosmos_jax.testing.builder_runs()` counts which ran. `config` (RsConfig,
+  resolved by ops.tn_rs): `stage` (None: "bf16" for bf16 inputs, else "fp32"), the
+  partial tiles' dtype; `switching=False` turns the one-way builder -> reducer
+  switch off (a fixed split, benchmarks); `band_rows`: tile rows per band for the
+  Hopper builders; `transport="push"`
   (Hopper builders only): builders write partials into their owner's heap, reducers
   read locally (RsConfig); `transport="push_fold"`: pushed as well, and each owner
   sums its chunk in its builders' epilogues instead of a reducer pass. The result
   is bitwise the same with every transport."""
   if not _ext.has_target("kosmos_tn_rs", "cuda"):
     raise NotImplementedError("kosmos_tn_rs is not compiled into this extension (CUDA build needed)")
-  if stage is None:
-    stage = "bf16" if x.dtype == jnp.bfloat16 else "fp32"
-  cfg = RsConfig(cu_cap=cu_cap, reducers=reducers, stage=stage, switching=switching, band_rows=band_rows,
-                 transport=transport)
+  stage = config.stage or ("bf16" if x.dtype == jnp.bfloat16 else "fp32")
+  cfg = dataclasses.replace(config, stage=stage)
   if cfg.stage == "bf16" and x.dtype != jnp.bfloat16:
     raise ValueError(f"tn_rs_fused: stage='bf16' needs bf16 inputs, got x.dtype={x.dtype}")
   runtime.init()  # trace time: heaps exist before any kernel runs

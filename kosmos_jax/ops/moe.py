@@ -14,13 +14,17 @@ Shapes (per device; ep = size of `axis_name`; E_l = num_experts / ep):
 
 `precision` (a jax.lax.Precision, or None for JAX's default) reaches every dot of the
 reference twin; the fused kernels have one precision of their own, so they refuse any
-other value rather than ignore it.
+other value rather than ignore it. `cu_cap` (at most that many SMs) is for the fused
+megakernels; there is no MoE kernel yet, so it is checked and the reference twin
+ignores it, as every op's reference path does. The MoE ops have no launch-knob
+config type of their own yet (their `config` is the layer's MoEConfig).
 """
 from __future__ import annotations
 
 from kosmos_jax import reference
 from kosmos_jax.ops import _checks as chk
 from kosmos_jax.ops._dispatch import choose, fused
+from kosmos_jax.ops.tp import check_cap
 from kosmos_jax.reference.moe_config import MoEConfig
 
 
@@ -63,18 +67,19 @@ def check_operands(op: str, x, router_w, gate_up, down, shared_gate_up, shared_d
     _shape(op, "bias", bias, (e,))
 
 
-def _run(op: str, impl, precision, args: tuple, kwargs: dict):
+def _run(op: str, impl, precision, cu_cap, args: tuple, kwargs: dict):
+  check_cap(op, cu_cap)
   if choose(op, impl) == "fused":
     if precision is not None:
       raise ValueError(f"{op}: precision={precision!r} cannot be honoured by the fused kernel "
                        "(it has one precision of its own); pass precision=None, or "
                        "impl='reference' for the twin at that precision")
-    return fused(op)(*args, **kwargs)
+    return fused(op)(*args, **kwargs, cu_cap=cu_cap)
   return getattr(reference, op)(*args, **kwargs, precision=precision)
 
 
 def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
-                config: MoEConfig, axis_name, impl=None, precision=None):
+                config: MoEConfig, axis_name, impl=None, precision=None, cu_cap=None):
   """Whole MoE layer forward: route, plan, dispatch, GEMM1+SwiGLU, GEMM2, combine,
   fold (+ shared expert). Returns (y, aux_loss, residuals)."""
   op = "moe_forward"
@@ -82,11 +87,11 @@ def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=Non
   check_operands(op, x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, ep)
   bias = bias if config.use_expert_bias else None
   args = (x, router_w, gate_up, down, shared_gate_up, shared_down, bias)
-  return _run(op, impl, precision, args, dict(config=config, axis_name=axis_name))
+  return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name))
 
 
 def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=None,
-                 shared_down=None, *, config: MoEConfig, axis_name, impl=None, precision=None):
+                 shared_down=None, *, config: MoEConfig, axis_name, impl=None, precision=None, cu_cap=None):
   """Whole MoE layer backward from moe_forward's residuals and the cotangents of
   (y, aux_loss). Returns (dx, drouter_w, dgate_up, ddown, dshared_gate_up, dshared_down)."""
   op = "moe_backward"
@@ -98,4 +103,4 @@ def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=No
   if tuple(dy.shape) != tuple(x.shape):
     raise ValueError(f"{op}: dy.shape={tuple(dy.shape)} must equal x.shape={tuple(x.shape)}")
   args = (residuals, dy.astype(x.dtype), daux, router_w, gate_up, down, shared_gate_up, shared_down)
-  return _run(op, impl, precision, args, dict(config=config, axis_name=axis_name))
+  return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name))

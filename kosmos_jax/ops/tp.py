@@ -12,8 +12,18 @@ gathered/scattered axis is the sequence axis -2; leading batch dims allowed):
   bulk_ag_nn  AG x  ||     NN    x [..,m/tp,k], dy [..,m,n], w [k,n]    AG(x), dy@w.T
   bulk_rs_nt  RS dx ||     NT    dxp [..,m,k], xg [..,m,k], dy [..,m,n] RS(dxp), xg.T@dy
 
-`cu_cap` limits the fused kernel's grid to that many SMs (paper §3.1.2); the
-reference path accepts and ignores it.
+`cu_cap` limits the fused kernel's grid to that many SMs (paper §3.1.2), and
+`config` carries the other launch knobs, one type per op family
+(`kosmos_jax.kernel_config`, exported as `kosmos_jax.AgConfig` / `RsConfig`):
+
+  ag_tn, ag_nn, bulk_ag_nn, bulk_rs_nt   AgConfig (movers, switching, transport)
+  tn_rs                                  RsConfig (reducers, stage, switching,
+                                                   band_rows, transport)
+
+cu_cap may be given either way; given both ways, the two must agree. The reference
+path checks the config's type and that its knobs apply to the op (transport="push"
+exists only for ag_tn; tn_rs has all its transports), then ignores it, as it
+ignores cu_cap, so a program configured for the GPU runs unchanged on CPU.
 
 Every op raises a ValueError, before lowering, when an operand has a zero-size
 dimension, or when the operand it gathers or reduce-scatters does not vary over
@@ -25,25 +35,57 @@ from __future__ import annotations
 
 import functools
 
+import dataclasses
+import functools
+
 from kosmos_jax import reference
+from kosmos_jax.kernel_config import AgConfig, RsConfig
 from kosmos_jax.ops import _checks as chk
 from kosmos_jax.ops._dispatch import choose, run_fused
 
+CONFIG_TYPES = {"ag_tn": AgConfig, "ag_nn": AgConfig, "bulk_ag_nn": AgConfig, "bulk_rs_nt": AgConfig,
+                "tn_rs": RsConfig}
+# AgConfig.transport="push" exists only in ag_tn's kernel: ag_nn and bulk_ag_nn gather
+# by pull (their movers write the gathered output), bulk_rs_nt's reduce-scatter always pushes.
+PULL_ONLY = ("ag_nn", "bulk_ag_nn", "bulk_rs_nt")
 
-def _cap(op: str, cu_cap):
-  if cu_cap is not None and (not isinstance(cu_cap, int) or cu_cap < 1):
+
+def check_cap(op: str, cu_cap) -> None:
+  if cu_cap is not None and (not isinstance(cu_cap, int) or isinstance(cu_cap, bool) or cu_cap < 1):
     raise ValueError(f"{op}: cu_cap={cu_cap!r} must be a positive int or None")
 
 
-def _run(op: str, impl, args: tuple, kwargs: dict):
-  twin = functools.partial(getattr(reference, op), **{k: v for k, v in kwargs.items() if k != "cu_cap"})
+def resolve_config(op: str, config, cu_cap):
+  """`op`'s launch config with cu_cap merged in: the type checked, cu_cap given
+  twice only if the values agree, and knobs that `op` does not have refused."""
+  want = CONFIG_TYPES[op]
+  check_cap(op, cu_cap)
+  if config is None:
+    config = want()
+  elif type(config) is not want:
+    raise TypeError(f"{op}: config={config!r} must be a {want.__name__} (or None); "
+                    f"{op}'s knobs are {want.__name__}'s")
+  if cu_cap is not None and config.cu_cap is not None and cu_cap != config.cu_cap:
+    raise ValueError(f"{op}: cu_cap={cu_cap} conflicts with config.cu_cap={config.cu_cap}; give one, "
+                     "or the same value in both")
+  if op in PULL_ONLY and config.transport != "pull":
+    raise ValueError(f"{op}: config.transport={config.transport!r} is not supported; only ag_tn has a "
+                     f"push transport ({op} {'always pushes' if op == 'bulk_rs_nt' else 'gathers by pull'}), "
+                     "so leave AgConfig.transport at 'pull'")
+  if cu_cap is not None and config.cu_cap is None:
+    config = dataclasses.replace(config, cu_cap=cu_cap)
+  return config
+
+
+def _run(op: str, impl, args: tuple, kwargs: dict, config):
+  twin = functools.partial(getattr(reference, op), **kwargs)
   if choose(op, impl) == "fused":
-    return run_fused(op, twin, args, kwargs)
+    return run_fused(op, twin, args, dict(kwargs, config=config))
   return twin(*args)
 
 
-def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None):
-  """Y = all_gather_rows(x) @ w: the column-parallel forward."""
+def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
+  """Y = all_gather_rows(x) @ w: the column-parallel forward. config: AgConfig."""
   op = "ag_tn"
   tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, x=x, w=w)
@@ -53,12 +95,13 @@ def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None):
   chk.varies(op, "x", x, axis_name, tp, "P(..., {axis}, None) (sequence-sharded)",
              f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
-  _cap(op, cu_cap)
-  return _run(op, impl, (x, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+  cfg = resolve_config(op, config, cu_cap)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg)
 
 
-def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None):
-  """Y = reduce_scatter_rows(x @ w), summed in fp32: the row-parallel forward."""
+def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
+  """Y = reduce_scatter_rows(x @ w), summed in fp32: the row-parallel forward.
+  config: RsConfig."""
   op = "tn_rs"
   tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, x=x, w=w)
@@ -69,13 +112,14 @@ def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None):
              f"be summed {tp} times")
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   chk.divisible(op, "m", x.shape[-2], "tp", tp)
-  _cap(op, cu_cap)
-  return _run(op, impl, (x, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+  cfg = resolve_config(op, config, cu_cap)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg)
 
 
-def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None):
+def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None, config=None):
   """dX = all_gather_rows(dy) @ w.T: the row-parallel data gradient; with
-  `return_gathered` also returns the gathered dy for the weight gradient."""
+  `return_gathered` also returns the gathered dy for the weight gradient.
+  config: AgConfig with transport='pull' (the fused kernel gathers by pull)."""
   op = "ag_nn"
   tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, dy=dy, w=w)
@@ -85,14 +129,14 @@ def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None):
   chk.varies(op, "dy", dy, axis_name, tp, "P(..., {axis}, None) (sequence-sharded)",
              f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
-  _cap(op, cu_cap)
-  return _run(op, impl, (dy, w),
-              dict(axis_name=axis_name, return_gathered=bool(return_gathered), cu_cap=cu_cap))
+  cfg = resolve_config(op, config, cu_cap)
+  return _run(op, impl, (dy, w), dict(axis_name=axis_name, return_gathered=bool(return_gathered)), cfg)
 
 
-def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None):
+def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None, config=None):
   """(all_gather_rows(x), dy @ w.T): the column-parallel data gradient beside the
-  gather of the saved input that the weight gradient needs."""
+  gather of the saved input that the weight gradient needs. config: AgConfig with
+  transport='pull' (movers pull peers' rows straight into the gathered output)."""
   op = "bulk_ag_nn"
   tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, x=x, dy=dy, w=w)
@@ -106,13 +150,15 @@ def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None):
   chk.equal(op, "input widths", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
   chk.equal(op, "gathered rows", **{"x.shape[-2]*tp": x.shape[-2] * tp, "dy.shape[-2]": dy.shape[-2]})
-  _cap(op, cu_cap)
-  return _run(op, impl, (x, dy, w), dict(axis_name=axis_name, cu_cap=cu_cap))
+  cfg = resolve_config(op, config, cu_cap)
+  return _run(op, impl, (x, dy, w), dict(axis_name=axis_name), cfg)
 
 
-def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None):
+def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None, config=None):
   """(reduce_scatter_rows(dx_partial), x_gathered.T @ dy): the column-parallel
-  weight gradient beside the reduce-scatter of the data gradient."""
+  weight gradient beside the reduce-scatter of the data gradient. config: AgConfig,
+  whose movers are the CTAs that start pushing dx_partial's bands to their owners
+  (transport stays 'pull': this reduce-scatter always pushes, there is no choice)."""
   op = "bulk_rs_nt"
   tp = chk.axis_size(op, axis_name)
   chk.dtypes(op, dx_partial=dx_partial, x_gathered=x_gathered, dy=dy)
@@ -127,5 +173,5 @@ def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None)
   chk.equal(op, "input widths", **{"dx_partial.shape[-1]": dx_partial.shape[-1],
                                    "x_gathered.shape[-1]": x_gathered.shape[-1]})
   chk.divisible(op, "m", dx_partial.shape[-2], "tp", tp)
-  _cap(op, cu_cap)
-  return _run(op, impl, (dx_partial, x_gathered, dy), dict(axis_name=axis_name, cu_cap=cu_cap))
+  cfg = resolve_config(op, config, cu_cap)
+  return _run(op, impl, (dx_partial, x_gathered, dy), dict(axis_name=axis_name), cfg)

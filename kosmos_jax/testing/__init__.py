@@ -1,3 +1,124 @@
-"""Facilities for kosmos_jax's own tests and benchmarks, not user API: e.g. the
-one-GPU loopback runner (`kosmos_jax.testing.loopback`), which runs every rank of
-a fused call as a concurrent launch on one GPU."""
+"""Facilities for kosmos_jax's own tests and benchmarks, not user API: the one-GPU
+loopback runner (`kosmos_jax.testing.loopback`), which runs every rank of a fused
+call as a concurrent launch on one GPU, and the hooks below, so that tests and
+scripts reach the fused kernels through the public ops and never import a private
+module of `kosmos_jax.ops`.
+
+  builder_runs()   fused TP+SP launches per builder engine (which engine ran)
+  engine_runs()    fused matmul launches per tile engine
+  matmul_flops()   2*M*N*K of one ops.matmul call
+  fused_ops()      the ops with a fused kernel registered
+  fake_fused()     stand-in fused kernels for CPU tests of the dispatch
+  fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable
+
+import numpy as np
+
+from kosmos_jax import _ext, runtime
+from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_tp
+
+TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
+# The module attribute holding each fused op's primitive (what fused_on_cpu can stand in for).
+_PRIMITIVES = {"ag_tn": (_fused_tp, "ag_tn_p"), "tn_rs": (_fused_tp, "tn_rs_p"),
+               "ag_nn": (_fused_tp, "ag_nn_p"), "bulk_ag_nn": (_fused_tp, "bulk_ag_nn_p"),
+               "bulk_rs_nt": (_fused_bulk_rs, "bulk_rs_nt_p"), "matmul": (_fused_gemm, "matmul_p")}
+
+
+def builder_runs() -> dict[str, dict[str, int]]:
+  """Fused launches per builder engine since the process started,
+  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}, ...} for every fused TP+SP
+  op compiled into the extension (the extension's `<op>_engine_runs` counters)."""
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
+    raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
+  return {op: dict(getattr(mod, f"{op}_engine_runs")()) for op in TP_OPS if hasattr(mod, f"{op}_engine_runs")}
+
+
+def engine_runs() -> dict[str, int]:
+  """kosmos_matmul launches per engine since the process started
+  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'sm90_128x256c2', 'portable')."""
+  mod, why = _ext._module()
+  if mod is None or not hasattr(mod, "matmul_engine_runs"):
+    raise NotImplementedError(f"kosmos_matmul engine counters unavailable: {why or 'extension built without CUDA'}")
+  return dict(mod.matmul_engine_runs())
+
+
+def matmul_flops(a_shape, b_shape, layout: str) -> float:
+  """2 * M * N * K of one ops.matmul call (leading dims of a folded into rows)."""
+  rows = math.prod(a_shape[:-1])
+  if layout == "TN":
+    return 2.0 * rows * a_shape[-1] * b_shape[1]
+  if layout == "NN":
+    return 2.0 * rows * a_shape[-1] * b_shape[0]
+  if layout == "NT":
+    return 2.0 * rows * a_shape[-1] * b_shape[-1]
+  raise ValueError(f"matmul_flops: layout={layout!r} must be one of ('TN', 'NN', 'NT')")
+
+
+def fused_ops() -> frozenset[str]:
+  """Ops whose fused kernel is registered with the dispatcher (built or not)."""
+  return frozenset(_dispatch._FUSED)
+
+
+@contextlib.contextmanager
+def _patched(obj, name, value):
+  old = getattr(obj, name)
+  setattr(obj, name, value)
+  try:
+    yield
+  finally:
+    setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def fake_fused(kernels: dict[str, Callable], *, auto: bool = False):
+  """Within the block, each `kernels[op]` is `op`'s fused kernel and runs here
+  (no extension or GPU needed); `auto=True` also makes it `auto`'s choice.
+
+  A kernel is called as the fused wrapper is: the op's arrays, then its static
+  keyword arguments (axis_name, ..., and `config=` for the TP+SP ops, `cu_cap=`
+  for matmul). Ops not named keep their real status. The registry is restored on
+  exit, so a test's stand-ins never leak into another test."""
+  fused, autos, status = dict(_dispatch._FUSED), set(_dispatch._AUTO), _dispatch.fused_status
+  for op, fn in kernels.items():
+    _dispatch.register_fused(op, fn, auto=auto)
+
+  def fake_status(op):
+    return (True, "") if op in kernels else status(op)
+
+  _dispatch.fused_status = fake_status
+  try:
+    yield
+  finally:
+    _dispatch._FUSED.clear()
+    _dispatch._FUSED.update(fused)
+    _dispatch._AUTO.clear()
+    _dispatch._AUTO.update(autos)
+    _dispatch.fused_status = status
+
+
+@contextlib.contextmanager
+def fused_on_cpu(primitives: dict[str, object] | None = None):
+  """Within the block the real fused wrappers of the registered ops run their
+  Python side without a GPU: every target counts as compiled, the symmetric heap
+  and its control slots are not set up, and impl='fused' is allowed. Lowering for
+  'cuda' (`.lower(lowering_platforms=("cuda",))`) then shows the custom call the
+  op emits. `primitives` maps an op to a stand-in for its primitive (anything
+  with `.bind(*operands, **params)`, e.g. a JAX twin of the kernel's 2-D
+  contract), so the operand folding around the primitive can be run on CPU."""
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(_patched(_ext, "has_target", lambda *a: True))
+    stack.enter_context(_patched(runtime, "init", lambda *a, **k: {}))
+    stack.enter_context(_patched(runtime, "check_groups", lambda *a: None))
+    stack.enter_context(_patched(runtime, "ctrl_slots", lambda groups: np.zeros(len(groups), np.int64)))
+    for op, prim in (primitives or {}).items():
+      if op not in _PRIMITIVES:
+        raise ValueError(f"fused_on_cpu: no fused primitive for op={op!r}; known: {sorted(_PRIMITIVES)}")
+      stack.enter_context(_patched(*_PRIMITIVES[op], prim))
+    stack.enter_context(fake_fused({op: _dispatch._FUSED[op] for op in _dispatch._FUSED}))
+    yield

@@ -13,8 +13,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 def main():
   pid, mesh = mp_common.start(sys.argv)
-  from kosmos_jax import reference
-  from kosmos_jax.ops._fused_tp import ag_tn_fused
+  from kosmos_jax import AgConfig, ops, reference
 
   rng = np.random.default_rng(7)  # same global inputs in every process
 
@@ -31,7 +30,7 @@ def main():
   # (claimed through the KV store), and each process calls it a different number
   # of times between the pair calls, so per-device epochs would drift apart.
   solo = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("tp",))
-  solo_f = jax.jit(jax.shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp"), mesh=solo,
+  solo_f = jax.jit(jax.shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused"), mesh=solo,
                                  in_specs=(P(None, "tp", None), P()), out_specs=P("tp", None, None)))
 
   solo_rng = np.random.default_rng(100 + pid)  # own stream: `rng` must stay in step across processes
@@ -49,7 +48,7 @@ def main():
                       (jnp.bfloat16, dict(transport="push")), (jnp.bfloat16, dict(transport="push", cu_cap=1))):
       x = rng.standard_normal((2, 384, 160)).astype(dtype)
       w = (rng.standard_normal((160, 200)) / 12).astype(dtype)
-      y = run(lambda a, b: ag_tn_fused(a, b, axis_name="tp", **kw), x, w)
+      y = run(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused", config=AgConfig(**kw)), x, w)
       with jax.default_matmul_precision("highest"):  # XLA's GPU default for f32 is TF32
         ref = run(lambda a, b: reference.ag_tn(a, b, axis_name="tp"), x, w)
       oracle = np.asarray(x, np.float64) @ np.asarray(w, np.float64)

@@ -21,11 +21,12 @@ def main():
     time.sleep(25)  # stay in the job while process 0 times out, never calling the op
     print("MP_OK process 1", flush=True)
     return
-  from kosmos_jax.ops._fused_tp import ag_tn_fused, builder_runs
+  from kosmos_jax import ops
+  from kosmos_jax.testing import builder_runs
 
   x = np.ones((2, 256, 128), jnp.bfloat16)
   w = np.ones((128, 256), jnp.bfloat16)
-  f = jax.jit(jax.shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp"), mesh=mesh,
+  f = jax.jit(jax.shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused"), mesh=mesh,
                             in_specs=(P(None, "tp", None), P()), out_specs=P("tp", None, None)))
   try:
     y = f(mp_common.glob(mesh, x, P(None, "tp", None)), mp_common.glob(mesh, w, P()))

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 X_SPEC, W_SPEC, Y_SPEC = P(None, None, "tp"), P("tp", None), P(None, "tp", None)
 SHAPES = [((2, 384, 320), 200),  # batch 2: the rank-major transpose; 192 rows per rank, not a tile multiple
           ((1, 512, 256), 136)]  # batch 1: a free reshape; 136 columns, not a tile multiple
-CONFIGS = [  # (dtype, fused kwargs): ops.tn_rs takes cu_cap; `reducers`, `transport` go to tn_rs_fused
+CONFIGS = [  # (dtype, fused kwargs): the RsConfig fields of ops.tn_rs(impl="fused", config=...)
     (jnp.bfloat16, {}),
     (jnp.bfloat16, dict(cu_cap=1)),
     (jnp.bfloat16, dict(reducers=0)),
@@ -34,8 +34,7 @@ def _rel(got, want):
 
 def main():
   pid, mesh = mp_common.start(sys.argv)
-  from kosmos_jax import ops, reference
-  from kosmos_jax.ops._fused_tp import tn_rs_fused
+  from kosmos_jax import RsConfig, ops, reference
 
   rng = np.random.default_rng(11)  # same global inputs in every process
 
@@ -48,7 +47,7 @@ def main():
     key = (kind, tuple(sorted(kw.items())))
     if key not in jitted:
       if kind == "fused" and ("reducers" in kw or "transport" in kw):
-        fn = lambda a, b: tn_rs_fused(a, b, axis_name="tp", **kw)  # noqa: E731
+        fn = lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", config=RsConfig(**kw))  # noqa: E731
       elif kind == "fused":
         fn = lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", **kw)  # noqa: E731
       else:
@@ -73,7 +72,7 @@ def main():
   # (claimed through the KV store), and each process calls it a different number
   # of times between the pair calls, so per-device epochs would drift apart.
   solo = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("tp",))
-  solo_f = jax.jit(jax.shard_map(lambda a, b: tn_rs_fused(a, b, axis_name="tp"), mesh=solo,
+  solo_f = jax.jit(jax.shard_map(lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused"), mesh=solo,
                                  in_specs=(X_SPEC, W_SPEC), out_specs=Y_SPEC))
   solo_rng = np.random.default_rng(200 + pid)  # own stream: `rng` must stay in step across processes
 

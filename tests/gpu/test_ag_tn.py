@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax import ops, reference
-from kosmos_jax.ops._fused_tp import ag_tn_fused
+from kosmos_jax import AgConfig, ops, reference
 from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 
@@ -30,7 +29,7 @@ def _run(mesh, fn, x, w):
 
 
 def _fused(**kw):
-  return lambda x, w: ag_tn_fused(x, w, axis_name="tp", **kw)
+  return lambda x, w: ops.ag_tn(x, w, axis_name="tp", impl="fused", config=AgConfig(**kw))
 
 
 def _check(mesh, x, w, dtype, **kw):
@@ -86,10 +85,10 @@ def test_ag_tn_fused_in_one_program_twice():
   x, w1, w2 = fresh((1, 512, 128), jnp.float32), fresh((128, 128), jnp.float32, 0.1), fresh((128, 64), jnp.float32, 0.1)
 
   def two(a, b, c):
-    y = ag_tn_fused(a, b, axis_name="tp")
+    y = ops.ag_tn(a, b, axis_name="tp", impl="fused")
     rows = y.shape[-2] // 2
     mine = jax.lax.dynamic_slice_in_dim(y, jax.lax.axis_index("tp") * rows, rows, axis=1)
-    return ag_tn_fused(mine, c, axis_name="tp")
+    return ops.ag_tn(mine, c, axis_name="tp", impl="fused")
 
   f = shard_map(two, mesh, in_specs=(P(None, "tp", None), P(), P()), out_specs=OUT)
   y = f(put(x, mesh, P(None, "tp", None)), put(w1, mesh, P()), put(w2, mesh, P()))

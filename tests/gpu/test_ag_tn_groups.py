@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax.ops._fused_tp import ag_tn_fused
+from kosmos_jax import ops
 from helpers import P, assert_close, fresh, put, shard_map
 
 SPEC = P(None, ("dp", "tp"), None)  # local rows of device (d, t): block d*tp + t
@@ -24,7 +24,7 @@ def _gpus(n):
 def _caller(devs, dp, tp):
   """(mesh, jitted f) all-gathering over 'tp' groups of a (dp, tp) mesh."""
   mesh = jax.sharding.Mesh(np.array(devs).reshape(dp, tp), ("dp", "tp"))
-  f = shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp"), mesh, in_specs=(SPEC, P()), out_specs=OUT)
+  f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused"), mesh, in_specs=(SPEC, P()), out_specs=OUT)
   return mesh, f
 
 

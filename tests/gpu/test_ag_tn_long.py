@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax.ops._fused_tp import ag_tn_fused
+from kosmos_jax import AgConfig, ops
 from helpers import P, assert_close, fresh, put, shard_map
 
 CALLS = 200
@@ -30,7 +30,8 @@ def _check(i, y, x, w, what):
 @pytest.mark.parametrize("cu_cap", GRIDS, ids=["full", "grid1", "cap7"])
 def test_200_dispatches(cu_cap):
   mesh = _mesh()
-  f = shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp", cu_cap=cu_cap), mesh,
+  cfg = AgConfig(cu_cap=cu_cap)
+  f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused", config=cfg), mesh,
                 in_specs=(P(None, "tp", None), P()), out_specs=P("tp", None, None))
   ins = [(fresh((1, 256, 128), jnp.float32), fresh((128, 96), jnp.float32, scale=0.09)) for _ in range(CALLS)]
   outs = [f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P())) for x, w in ins]  # one sync at the end
@@ -44,7 +45,8 @@ def test_200_calls_in_one_jitted_loop(cu_cap):
   mesh = _mesh()
 
   def loop(xs, w):  # xs: [CALLS, 1, m_local, k]; one kernel launch per step
-    return jax.lax.scan(lambda c, x: (c, ag_tn_fused(x, w, axis_name="tp", cu_cap=cu_cap)), None, xs)[1]
+    cfg = AgConfig(cu_cap=cu_cap)
+    return jax.lax.scan(lambda c, x: (c, ops.ag_tn(x, w, axis_name="tp", impl="fused", config=cfg)), None, xs)[1]
 
   f = shard_map(loop, mesh, in_specs=(P(None, None, "tp", None), P()), out_specs=P(None, "tp", None, None))
   xs, w = fresh((CALLS, 1, 256, 128), jnp.float32), fresh((128, 96), jnp.float32, scale=0.09)

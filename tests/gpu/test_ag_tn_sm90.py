@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax import reference
-from kosmos_jax.ops._fused_tp import ag_tn_fused, builder_runs
+from kosmos_jax import AgConfig, ops, reference
+from kosmos_jax.testing import builder_runs
 from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 BF16 = jnp.bfloat16
@@ -16,7 +16,7 @@ OUT = P("tp", None, None)  # each device's gathered product, stacked along batch
 
 
 def _fn(mesh, **kw):
-  f = shard_map(lambda a, b: ag_tn_fused(a, b, axis_name="tp", **kw), mesh,
+  f = shard_map(lambda a, b: ops.ag_tn(a, b, axis_name="tp", impl="fused", config=AgConfig(**kw)), mesh,
                 in_specs=(P(None, "tp", None), P()), out_specs=OUT)
   return lambda x, w: f(put(x, mesh, P(None, "tp", None)), put(w, mesh, P()))
 
@@ -87,7 +87,7 @@ def test_sm90_scan_200_calls_grid1_and_cap(transport):
   mesh = gpu_mesh(2, hopper=True)
   for kw in (dict(cu_cap=1, transport=transport), dict(cu_cap=7, transport=transport)):
     def body(c, _, kw=kw):
-      y = ag_tn_fused(c[0], c[1], axis_name="tp", **kw)
+      y = ops.ag_tn(c[0], c[1], axis_name="tp", impl="fused", config=AgConfig(**kw))
       return c, y[:, :8, :8].astype(jnp.float32).sum()
     f = shard_map(lambda x, w: jax.lax.scan(body, (x, w), None, length=200)[1][None], mesh,
                   in_specs=(P(None, "tp", None), P()), out_specs=P("tp"))
@@ -107,7 +107,6 @@ def test_grad_through_fused_op():
   """jax.grad through ops.ag_tn(impl="fused") (the FFI primitive has no derivative
   rule; ops give it its twin's, tests/test_fused_ad.py): the forward runs the Hopper
   builders, and dx, dw equal the reference op's gradients."""
-  from kosmos_jax import ops
   mesh = gpu_mesh(2, hopper=True)
   x, w = fresh((1, 1024, 512), BF16), fresh((512, 512), BF16, scale=512 ** -0.5)
   specs, out = (P(None, "tp", None), P(None, "tp")), P(None, None, "tp")

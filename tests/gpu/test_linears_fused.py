@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kosmos_jax import tp
-from kosmos_jax.ops._fused_tp import builder_runs
+from kosmos_jax.testing import builder_runs
 from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 BF16 = jnp.bfloat16

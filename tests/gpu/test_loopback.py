@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from kosmos_jax.ops._fused_tp import builder_runs
+from kosmos_jax.testing import builder_runs
 from helpers import assert_close
 import loopback_cases as loopback
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kosmos_jax import ops, reference
-from kosmos_jax.ops._fused_gemm import engine_runs
+from kosmos_jax.testing import engine_runs
 from helpers import P, assert_close, fresh, put, shard_map
 
 SM90 = ("sm90_128x256", "sm90_128x128", "sm90_128x192")
@@ -139,7 +139,7 @@ _CHILD = """
 import json, sys
 import jax, jax.numpy as jnp
 from kosmos_jax import ops, reference
-from kosmos_jax.ops._fused_gemm import engine_runs
+from kosmos_jax.testing import engine_runs
 errs = []
 for i, (layout, sa, sb, *cap) in enumerate(json.loads(sys.argv[1])):
   a = jax.random.normal(jax.random.key(i), tuple(sa), jnp.float32).astype(jnp.bfloat16)

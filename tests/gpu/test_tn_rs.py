@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax import ops, reference
-from kosmos_jax.ops._fused_tp import tn_rs_fused
+from kosmos_jax import RsConfig, ops, reference
 from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 
@@ -25,7 +24,7 @@ def _run(mesh, fn, x, w):
 
 
 def _fused(**kw):
-  return lambda x, w: tn_rs_fused(x, w, axis_name="tp", **kw)
+  return lambda x, w: ops.tn_rs(x, w, axis_name="tp", impl="fused", config=RsConfig(**kw))
 
 
 def _oracle(x, w):
@@ -94,11 +93,10 @@ def test_tn_rs_fused_back_to_back_fresh_inputs():
 
 def test_tn_rs_after_ag_tn_shares_the_data_region():
   """ag_tn and tn_rs alternate over one heap data region (HeapUse hands it over)."""
-  from kosmos_jax.ops._fused_tp import ag_tn_fused
   mesh = gpu_mesh(2)
 
   def both(x, w1, w2):  # x [1, m/tp, k] -> AG -> [1, m, h] -> RS -> [1, m/tp, k]
-    return tn_rs_fused(ag_tn_fused(x, w1, axis_name="tp"), w2, axis_name="tp")
+    return ops.tn_rs(ops.ag_tn(x, w1, axis_name="tp", impl="fused"), w2, axis_name="tp", impl="fused")
 
   f = shard_map(both, mesh, in_specs=(P(None, "tp", None), P(None, "tp"), P("tp", None)),
                 out_specs=P(None, "tp", None))

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax import reference
-from kosmos_jax.ops._fused_tp import builder_runs, tn_rs_fused
+from kosmos_jax import RsConfig, ops, reference
+from kosmos_jax.testing import builder_runs
 from helpers import P, assert_close, fresh, gpu_mesh, put, shard_map
 
 BF16 = jnp.bfloat16
@@ -36,7 +36,8 @@ def _sm90_runs():
 def _fused_checked(mesh, x, w, **kw):
   """The fused output, after checking the Hopper builders ran on every device."""
   before = _sm90_runs()
-  y = _fn(mesh, x.ndim, lambda a, b: tn_rs_fused(a, b, axis_name="tp", **kw))(x, w)
+  cfg = RsConfig(**kw)
+  y = _fn(mesh, x.ndim, lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", config=cfg))(x, w)
   y.block_until_ready()
   assert _sm90_runs() - before == mesh.size, f"Hopper builders ran {_sm90_runs() - before} of {mesh.size} {kw}"
   return y
@@ -114,7 +115,7 @@ def test_sm90_error_no_worse_than_xla_psum_scatter():
 
 def test_sm90_back_to_back_fresh_inputs():
   mesh = gpu_mesh(2, hopper=True)
-  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp"))
+  f = _fn(mesh, 2, lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused"))
   ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(50)]
   outs = [f(x, w) for x, w in ins]  # one sync at the end
   for i, ((x, w), y) in enumerate(zip(ins, outs)):
@@ -127,7 +128,7 @@ def test_sm90_scan_200_calls_grid1_and_cap(transport):
   xs, ws, _ = _specs(2)
   for kw in (dict(cu_cap=1, transport=transport), dict(cu_cap=7, transport=transport)):
     def body(c, _, kw=kw):
-      y = tn_rs_fused(c[0], c[1], axis_name="tp", **kw)
+      y = ops.tn_rs(c[0], c[1], axis_name="tp", impl="fused", config=RsConfig(**kw))
       return c, y[:8, :8].astype(jnp.float32).sum()
     f = shard_map(lambda x, w: jax.lax.scan(body, (x, w), None, length=200)[1][None], mesh,
                   in_specs=(xs, ws), out_specs=P("tp"))
@@ -176,8 +177,8 @@ def _back_to_back(transports, grid1_every):
   not land in a staging its peer still reads for call i (ready[] handshake), across
   transports."""
   mesh = gpu_mesh(2, hopper=True)
-  fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: tn_rs_fused(a, b, axis_name="tp", transport=t,
-                                                                 **({"cu_cap": 1} if g else {})))
+  fns = {(t, g): _fn(mesh, 2, lambda a, b, t=t, g=g: ops.tn_rs(
+      a, b, axis_name="tp", impl="fused", config=RsConfig(transport=t, **({"cu_cap": 1} if g else {}))))
          for t in transports for g in (False, True)}
   ins = [(fresh((512, 256), BF16), fresh((256, 384), BF16, scale=1 / 16)) for _ in range(60)]
   outs = [fns[(transports[i % len(transports)], i % grid1_every == 0)](x, w) for i, (x, w) in enumerate(ins)]
@@ -192,7 +193,8 @@ def test_sm90_push_and_pull_back_to_back():
 def test_push_needs_hopper_builders():
   """m / tp = 100 rows is not whole 128-row tiles: portable builders, which cannot push."""
   mesh = gpu_mesh(2, hopper=True)
-  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push"))
+  push = RsConfig(transport="push")
+  f = _fn(mesh, 2, lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", config=push))
   with pytest.raises(Exception, match="transport='push' needs the Hopper builders"):
     f(fresh((200, 256), BF16), fresh((256, 128), BF16)).block_until_ready()
 
@@ -224,9 +226,11 @@ def test_sm90_push_fold_push_and_pull_back_to_back():
 def test_push_fold_refusals():
   """push_fold needs the Hopper builders and bf16 staging: clear errors, not a silent pull."""
   mesh = gpu_mesh(2, hopper=True)
-  f = _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push_fold"))
+  fold = RsConfig(transport="push_fold")
+  f = _fn(mesh, 2, lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused", config=fold))
   with pytest.raises(Exception, match="transport='push_fold' needs the Hopper builders"):
     f(fresh((200, 256), BF16), fresh((256, 128), BF16)).block_until_ready()
   with pytest.raises(ValueError, match="push_fold.*stage='fp32'"):
-    _fn(mesh, 2, lambda a, b: tn_rs_fused(a, b, axis_name="tp", transport="push_fold", stage="fp32"))(
+    _fn(mesh, 2, lambda a, b: ops.tn_rs(a, b, axis_name="tp", impl="fused",
+                                        config=RsConfig(transport="push_fold", stage="fp32")))(
         fresh((512, 256), BF16), fresh((256, 128), BF16))

@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kosmos_jax import _ext, trace
-from kosmos_jax.ops._fused_tp import ag_tn_fused, tn_rs_fused
+from kosmos_jax import _ext, ops, trace
 from helpers import P, fresh, gpu_mesh, put, shard_map
 
 
@@ -27,11 +26,12 @@ def test_capture_records_every_cta_and_role(kernel):
   mesh = gpu_mesh(2)
   if kernel == "ag_tn":
     x, w = fresh((1024, 256), jnp.bfloat16), fresh((256, 512), jnp.bfloat16, scale=0.06)
-    xs, ws, ys, op, want = P("tp", None), P(), P("tp", None), ag_tn_fused, {"move", "build"}
+    xs, ws, ys, op, want = P("tp", None), P(), P("tp", None), ops.ag_tn, {"move", "build"}
   else:
     x, w = fresh((1024, 512), jnp.bfloat16), fresh((512, 512), jnp.bfloat16, scale=0.04)
-    xs, ws, ys, op, want = P(None, "tp"), P("tp", None), P("tp", None), tn_rs_fused, {"reduce", "build"}
-  f = shard_map(lambda a, b: op(a, b, axis_name="tp", cu_cap=8), mesh, in_specs=(xs, ws), out_specs=ys)
+    xs, ws, ys, op, want = P(None, "tp"), P("tp", None), P("tp", None), ops.tn_rs, {"reduce", "build"}
+  f = shard_map(lambda a, b: op(a, b, axis_name="tp", impl="fused", cu_cap=8), mesh, in_specs=(xs, ws),
+                out_specs=ys)
   args = (put(x, mesh, xs), put(w, mesh, ws))
   jax.block_until_ready(f(*args))
   _, recs, dropped = trace.capture(f, *args)

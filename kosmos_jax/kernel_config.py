@@ -1,5 +1,13 @@
 """Kernel knobs, as frozen dataclasses validated on construction (errors name the
-values), and the closed-form rules that pick a knob left as None. The rules are
+values), and the closed-form rules that pick a knob left as None.
+
+One config type per fused op family, passed as `config=` to the op (and through
+`tp.*` and the `nn` modules as `ag_config=` / `rs_config=`):
+  AgConfig  ops.ag_tn, ops.ag_nn, ops.bulk_ag_nn (the all-gather family) and
+            ops.bulk_rs_nt (whose movers are the CTAs that start pushing)
+  RsConfig  ops.tn_rs
+Exported as kosmos_jax.AgConfig / kosmos_jax.RsConfig. The reference path checks
+a config's type and ignores its fields, as it ignores cu_cap. The rules are
 evaluated once per shape on the host, at trace time: no per-call tuning.
 
 Initial crews (CTAs that start moving / reducing before they switch to building):
@@ -34,7 +42,8 @@ MIN_HEAP_MB = 17  # kernels/tp/ag_layout.h: data starts at 16 MiB
 
 @dataclasses.dataclass(frozen=True)
 class AgConfig:
-  """Fused AG+GEMM launch knobs.
+  """Fused AG+GEMM launch knobs: `config=` of ops.ag_tn, ops.ag_nn, ops.bulk_ag_nn
+  and ops.bulk_rs_nt (`ag_config=` of the tp linears and nn modules).
 
   cu_cap: at most this many CTAs (= SMs), None for all SMs (paper §3.1.2).
   movers: CTAs that start as movers; None = ag_movers(n); 0 = all builders
@@ -52,7 +61,15 @@ class AgConfig:
     own rows. Hopper builders only (bf16, sm_90); other inputs raise at run time.
     Correct in the one-GPU loopback tests (2026-12-01, the own-shard-from-x
     version included) and faster there (benchmarks/RESULTS.md, session 16), but
-    not yet run or timed across GPUs, hence not the default.
+    not yet run or timed across GPUs, hence not the default. Only ag_tn has a
+    push: ag_nn, bulk_ag_nn (their movers write the gathered output as they pull)
+    and bulk_rs_nt (whose reduce-scatter always pushes) raise on "push"; the tp
+    linears therefore hand their backward ops the config with transport="pull".
+
+  For bulk_rs_nt, movers are the CTAs that start pushing dx_partial's bands (None:
+  ag_movers of the output width n, since GEMM work per byte moved is n there too;
+  0: every CTA builds first), and switching=False is a fixed split where movers
+  push and reduce and builders only build.
   """
   cu_cap: int | None = None
   movers: int | None = None
@@ -60,9 +77,11 @@ class AgConfig:
   transport: str = "pull"
 
   def __post_init__(self):
-    if self.cu_cap is not None and (not isinstance(self.cu_cap, int) or self.cu_cap < 1):
+    if self.cu_cap is not None and (not isinstance(self.cu_cap, int) or isinstance(self.cu_cap, bool)
+                                    or self.cu_cap < 1):
       raise ValueError(f"AgConfig: cu_cap={self.cu_cap!r} must be a positive int or None")
-    if self.movers is not None and (not isinstance(self.movers, int) or self.movers < 0):
+    if self.movers is not None and (not isinstance(self.movers, int) or isinstance(self.movers, bool)
+                                    or self.movers < 0):
       raise ValueError(f"AgConfig: movers={self.movers!r} must be a non-negative int or None")
     if not isinstance(self.switching, bool):
       raise ValueError(f"AgConfig: switching={self.switching!r} must be a bool")
@@ -127,15 +146,18 @@ def rs_band_rows(n: int, k: int, itemsize: int = 2) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class RsConfig:
-  """Fused GEMM+RS launch knobs.
+  """Fused GEMM+RS launch knobs: `config=` of ops.tn_rs (`rs_config=` of the tp
+  linears and nn modules).
 
   cu_cap: at most this many CTAs (= SMs), None for all SMs.
   reducers: CTAs that start as reducers; None = rs_reducers(k, cu_cap, SMs); 0 = builders only
     until the GEMM queue is empty.
-  stage: dtype of the partial tiles the peers pull: "bf16" (default: half the
-    bytes; each partial rounded once, as XLA's bf16 dot is before its
-    psum_scatter) or "fp32" (exact partials). The sum is fp32 in rank order either
-    way. Portable builders (non-Hopper GPUs, other dtypes) always stage fp32.
+  stage: dtype of the partial tiles the peers pull: "bf16" (half the bytes; each
+    partial rounded once, as XLA's bf16 dot is before its psum_scatter), "fp32"
+    (exact partials), or None (default): "bf16" for bf16 inputs, else "fp32"
+    (a bf16 stage of fp32 inputs would round what the caller kept exact, so it
+    raises). The sum is fp32 in rank order either way. Portable builders
+    (non-Hopper GPUs, other dtypes) always stage fp32.
   switching: True (default): a builder whose GEMM queue is empty reduces. False:
     a fixed split (builders stop; needs reducers >= 1 and a grid of >= 2 CTAs).
   band_rows: tile rows per band for the Hopper builders (1..MAX_BAND_ROWS; None =
@@ -150,13 +172,14 @@ class RsConfig:
     chunks and, a few bands behind, its own, and the epilogue of each own tile adds
     the peers' pushed partials (ranks in order, fp32, rounded once: the same
     bits again) and stores Y; its own partials are never staged. Needs
-    stage="bf16" and switching=True, and has no reducers (reducers None or 0).
+    stage "bf16" (or None with bf16 inputs) and switching=True, and has no
+    reducers (reducers None or 0).
     Hopper builders only; other inputs raise at run time. Neither push is yet
     measured across GPUs (2026-12-01), hence not the default.
   """
   cu_cap: int | None = None
   reducers: int | None = None
-  stage: str = "bf16"
+  stage: str | None = None
   switching: bool = True
   band_rows: int | None = None
   transport: str = "pull"
@@ -165,8 +188,8 @@ class RsConfig:
     for name, v, lo in (("cu_cap", self.cu_cap, 1), ("reducers", self.reducers, 0)):
       if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
         raise ValueError(f"RsConfig: {name}={v!r} must be an int >= {lo} or None")
-    if self.stage not in STAGES:
-      raise ValueError(f"RsConfig: stage={self.stage!r} must be one of {STAGES}")
+    if self.stage is not None and self.stage not in STAGES:
+      raise ValueError(f"RsConfig: stage={self.stage!r} must be one of {STAGES} or None")
     if not isinstance(self.switching, bool):
       raise ValueError(f"RsConfig: switching={self.switching!r} must be a bool")
     b = self.band_rows
@@ -174,8 +197,9 @@ class RsConfig:
       raise ValueError(f"RsConfig: band_rows={b!r} must be an int in [1, {MAX_BAND_ROWS}] or None")
     if self.transport not in RS_TRANSPORTS:
       raise ValueError(f"RsConfig: transport={self.transport!r} must be one of {RS_TRANSPORTS}")
-    if self.transport == "push_fold" and (self.stage != "bf16" or not self.switching or self.reducers):
-      raise ValueError(f"RsConfig: transport='push_fold' needs stage='bf16', switching=True and no reducers; "
+    if self.transport == "push_fold" and (self.stage == "fp32" or not self.switching or self.reducers):
+      raise ValueError(f"RsConfig: transport='push_fold' needs stage='bf16' (or None), switching=True "
+                       f"and no reducers; "
                        f"got stage={self.stage!r}, switching={self.switching!r}, reducers={self.reducers!r}")
     if not self.switching and self.reducers == 0:
       raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
