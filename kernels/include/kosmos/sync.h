@@ -35,12 +35,29 @@ KOSMOS_HD inline void store_release(uint64_t* p, uint64_t v) {
   if (S == Scope::kSys) st_release_sys(p, v); else st_release_gpu(p, v);
 }
 
+#if defined(KOSMOS_HIP) && defined(__HIP_DEVICE_COMPILE__)
+// HIP: the report is one cold function taken by value. The HIP device pass
+// inlines every KOSMOS_HD function (platform.h), and inlined at every wait the
+// printf became ~10 calls per site and a WaitSite spilled to scratch inside the
+// poll loops; out of line, a wait passes scalars in registers and the loops keep
+// no scratch and no call (docs/hip.md).
+[[noreturn]] __device__ __attribute__((noinline, cold)) inline void timeout_report(
+    const char* kernel, int rank, int cta, const char* flag, int index, uint64_t expected, uint64_t seen,
+    uint64_t after_ms) {
+  printf("kosmos timeout: kernel=%s rank=%d cta=%d flag=%s[%d] expected>=%llu seen=%llu after %llu ms\n", kernel,
+         rank, cta, flag, index, (unsigned long long)expected, (unsigned long long)seen, (unsigned long long)after_ms);
+  trap();
+}
+#endif
+
 // Reports a wait that timed out (what it waited for, the value it expected and
 // the one it saw) and traps: printf, or the mailbox in wgmma kernels
-// (kosmos/timeout_mailbox.h).
+// (kosmos/timeout_mailbox.h), or (HIP) the cold report above.
 [[noreturn]] KOSMOS_HD inline void timeout_trap(const WaitSite& site, uint64_t expected, uint64_t seen,
                                                 uint64_t timeout_ns) {
-#if defined(KOSMOS_TIMEOUT_MAILBOX) && defined(__CUDA_ARCH__)
+#if defined(KOSMOS_HIP) && defined(__HIP_DEVICE_COMPILE__)
+  timeout_report(site.kernel, site.rank, site.cta, site.flag, site.index, expected, seen, timeout_ns / 1000000ull);
+#elif defined(KOSMOS_TIMEOUT_MAILBOX) && defined(__CUDA_ARCH__)
   report_timeout(site.kernel, site.rank, site.cta, site.flag, site.index, expected, seen, timeout_ns / 1000000ull);
 #else
   printf("kosmos timeout: kernel=%s rank=%d cta=%d flag=%s[%d] expected>=%llu seen=%llu after %llu ms\n",
