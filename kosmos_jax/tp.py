@@ -54,7 +54,7 @@ def _check_knobs(name: str, cu_cap, ag_config, rs_config):
     if cfg is None:
       continue
     if type(cfg) is not want:
-      raise TypeError(f"{name}: {what}={cfg!r} must be a {want.__name__} (or None)")
+      raise TypeError(f"{name}: {what}={cfg!r} must be of type {want.__name__} (or None)")
     if cu_cap is not None and cfg.cu_cap is not None and cfg.cu_cap != cu_cap:
       raise ValueError(f"{name}: cu_cap={cu_cap} conflicts with {what}.cu_cap={cfg.cu_cap}; give one, "
                        "or the same value in both")

@@ -63,8 +63,8 @@ def resolve_config(op: str, config, cu_cap):
   if config is None:
     config = want()
   elif type(config) is not want:
-    raise TypeError(f"{op}: config={config!r} must be a {want.__name__} (or None); "
-                    f"{op}'s knobs are {want.__name__}'s")
+    raise TypeError(f"{op}: config={config!r} must be of type {want.__name__} (or None): "
+                    f"{op}'s launch knobs are {want.__name__}'s")
   if cu_cap is not None and config.cu_cap is not None and cu_cap != config.cu_cap:
     raise ValueError(f"{op}: cu_cap={cu_cap} conflicts with config.cu_cap={config.cu_cap}; give one, "
                      "or the same value in both")
