@@ -9,11 +9,11 @@ one run (DESIGN.md §7):
   pallas_mgpu     JAX's Pallas Mosaic-GPU all_gather_lhs_matmul, best of a few tile configs (AG only)
   kosmos_unfused  XLA's collective, then ops.matmul(impl="fused")
   kosmos_fused    ops.ag_tn / ops.tn_rs with impl="fused" (the default transport, pull)
-  kosmos_push     the fused lowering with transport="push" (movers / builders write into the
-                  peers' heaps; kosmos_jax.kernel_config AgConfig / RsConfig)
+  kosmos_push     the fused op with config=AgConfig / RsConfig(transport="push") (movers /
+                  builders write into the peers' heaps)
   kosmos_fold     GEMM+RS only: transport="push_fold" (pushed partials summed in the owners'
                   builders' epilogues, no reducers; RsConfig)
-  fixed_split     the fused lowering with role switching off (switching=False) and a fixed
+  fixed_split     the fused op with role switching off (switching=False) and a fixed
                   crew of movers / reducers: rows fixed_split_56 (56 CTAs) and
                   fixed_split_best (best of a small sweep)
 

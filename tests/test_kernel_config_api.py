@@ -17,17 +17,23 @@ from kosmos_jax import nn as knn
 from kosmos_jax import tp as tp_lib
 from kosmos_jax.moe import moe_layer
 from kosmos_jax.testing import fake_fused
-from helpers import P, assert_close, fresh, mesh, put, shard_map
-from moe_oracle import SOFTMAX, make_params
+from helpers import P, assert_close, mesh, put, shard_map
+from moe_oracle import SOFTMAX
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TP = 2
 
 
 def arr(*shape, seed=0):
-  """The same array on every call (helpers.fresh draws new values each time), so a
-  call with knobs can be compared with one without."""
+  """The same array on every call, so a call with knobs can be compared with one
+  without. (helpers.fresh draws from one counter shared by the whole session: using
+  it here would change the data of every test that runs after this file.)"""
   return jnp.asarray(np.random.default_rng(seed + sum(shape)).standard_normal(shape), jnp.float32)
+
+
+def moe_params(cfg):
+  e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
+  return {"router_w": 0.5 * arr(h, e), "gate_up": h ** -0.5 * arr(e, h, 2, i), "down": i ** -0.5 * arr(e, i, h)}
 
 
 def _ag(op, **kw):
@@ -171,14 +177,14 @@ def test_linears_check_knobs_at_entry(kind):
 
 
 def test_axis_name_is_keyword_only():
-  x, w = fresh((8, 4)), fresh((4, 4))
+  x, w = arr(8, 4), arr(4, 4)
   for fn in (tp_lib.column_parallel_linear, tp_lib.row_parallel_linear):
     with pytest.raises(TypeError, match="positional"):
       fn(x, w, "tp")
   with pytest.raises(TypeError, match="positional"):
-    tp_lib.parallel_swiglu_mlp(x, fresh((4, 2, 4)), w, "tp")
+    tp_lib.parallel_swiglu_mlp(x, arr(4, 2, 4), w, "tp")
   with pytest.raises(TypeError, match="positional"):
-    moe_layer(fresh((8, 16)), make_params(SOFTMAX, jnp.float32, False), SOFTMAX, "ep")
+    moe_layer(arr(8, 16), moe_params(SOFTMAX), SOFTMAX, "ep")
 
 
 def test_parallel_swiglu_mlp_takes_the_knobs():
@@ -196,7 +202,7 @@ def test_parallel_swiglu_mlp_takes_the_knobs():
 
 def test_moe_layer_takes_and_checks_cu_cap():
   m = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("ep",))
-  p = make_params(SOFTMAX, jnp.float32, False)
+  p = moe_params(SOFTMAX)
   names = tuple(p)
   specs = (P("ep"),) + tuple(P("ep") if n in ("gate_up", "down") else P() for n in names)
 
@@ -213,7 +219,7 @@ def test_moe_layer_takes_and_checks_cu_cap():
 def test_nn_modules_take_and_forward_the_knobs():
   m = jax.make_mesh((1, 4), ("dp", "tp"))
   kw = dict(mesh=m, cu_cap=8, ag_config=AgConfig(movers=4), rs_config=RsConfig(band_rows=2))
-  x = fresh((2, 8, 16))
+  x = arr(2, 8, 16)
   with jax.set_mesh(m):
     col = knn.ColumnParallelLinear(16, 32, rngs=nnx.Rngs(0), **kw)
     row = knn.RowParallelLinear(32, 16, rngs=nnx.Rngs(1), **kw)
@@ -240,7 +246,7 @@ def test_linen_adapter_takes_the_knobs():
   m = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(1, 4), ("dp", "tp"))
   layer = knn.ParallelMLPLinen(16, 32, mesh=m, cu_cap=8, ag_config=AgConfig(movers=4),
                                rs_config=RsConfig(stage="fp32"))
-  x = fresh((2, 8, 16))
+  x = arr(2, 8, 16)
   variables = layer.init(jax.random.key(0), x)
   plain = knn.ParallelMLPLinen(16, 32, mesh=m)
   assert_close(jax.jit(layer.apply)(variables, x), jax.jit(plain.apply)(variables, x), what="linen knobs")
