@@ -33,8 +33,6 @@ see replication, and such an operand gives a wrong answer without an error.
 """
 from __future__ import annotations
 
-import functools
-
 import dataclasses
 import functools
 
