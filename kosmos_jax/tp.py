@@ -65,19 +65,19 @@ def _pull(ag_config):
   return None if ag_config is None else dataclasses.replace(ag_config, transport="pull")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _column(x, w, axis_name, impl, cu_cap, ag_config):
-  return ops.ag_tn(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=ag_config)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _column(x, w, axis_name, impl, cu_cap, ag_config, precision):
+  return ops.ag_tn(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=ag_config, precision=precision)
 
 
-def _column_fwd(x, w, axis_name, impl, cu_cap, ag_config):
-  return ops.ag_tn(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=ag_config), (x, w)
+def _column_fwd(x, w, axis_name, impl, cu_cap, ag_config, precision):
+  return _column(x, w, axis_name, impl, cu_cap, ag_config, precision), (x, w)
 
 
-def _column_bwd(axis_name, impl, cu_cap, ag_config, res, dy):
+def _column_bwd(axis_name, impl, cu_cap, ag_config, precision, res, dy):
   x, w = res
   dy = _compat.pvary_to(dy, _compat.vma(x) | _compat.vma(w))
-  kw = dict(axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=_pull(ag_config))
+  kw = dict(axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=_pull(ag_config), precision=precision)
   x_g, dx_partial = ops.bulk_ag_nn(x, dy, w, **kw)
   dx, dw = ops.bulk_rs_nt(dx_partial, x_g, dy, **kw)
   return _compat.reduce_to_vma(dx, _compat.vma(x)), _compat.reduce_to_vma(dw, _compat.vma(w))
@@ -86,27 +86,28 @@ def _column_bwd(axis_name, impl, cu_cap, ag_config, res, dy):
 _column.defvjp(_column_fwd, _column_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
-def _row(x, w, axis_name, impl, cu_cap, ag_config, rs_config):
-  return ops.tn_rs(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=rs_config)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6, 7))
+def _row(x, w, axis_name, impl, cu_cap, ag_config, rs_config, precision):
+  return ops.tn_rs(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=rs_config, precision=precision)
 
 
-def _row_fwd(x, w, axis_name, impl, cu_cap, ag_config, rs_config):
-  return ops.tn_rs(x, w, axis_name=axis_name, impl=impl, cu_cap=cu_cap, config=rs_config), (x, w)
+def _row_fwd(x, w, axis_name, impl, cu_cap, ag_config, rs_config, precision):
+  return _row(x, w, axis_name, impl, cu_cap, ag_config, rs_config, precision), (x, w)
 
 
-def _row_bwd(axis_name, impl, cu_cap, ag_config, rs_config, res, dy):
+def _row_bwd(axis_name, impl, cu_cap, ag_config, rs_config, precision, res, dy):
   x, w = res
   dy = _compat.pvary_to(dy, _compat.vma(x) | _compat.vma(w))
   dx, dy_g = ops.ag_nn(dy, w, axis_name=axis_name, return_gathered=True, impl=impl, cu_cap=cu_cap,
-                       config=_pull(ag_config))
-  dw = ops.matmul(x, dy_g, layout="NT", impl=impl, cu_cap=cu_cap)
+                       config=_pull(ag_config), precision=precision)
+  dw = ops.matmul(x, dy_g, layout="NT", impl=impl, cu_cap=cu_cap, precision=precision)
   return _compat.reduce_to_vma(dx, _compat.vma(x)), _compat.reduce_to_vma(dw, _compat.vma(w))
 
 
 _row.defvjp(_row_fwd, _row_bwd)
 
-def column_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config=None, rs_config=None):
+def column_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config=None, rs_config=None,
+                           precision=None):
   """Column-parallel linear with sequence-parallel input.
 
   Args:
@@ -117,14 +118,17 @@ def column_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config
     cu_cap, ag_config: at most cu_cap SMs, and AgConfig, for ag_tn (forward),
       bulk_ag_nn and bulk_rs_nt (backward; those with transport='pull').
     rs_config: RsConfig, only type-checked here (no GEMM+RS in this pair).
+    precision: jax.lax.dot_general's, for every dot of both directions on the
+      reference path (None: JAX's default); the fused kernels take only None.
   Returns:
     [..., m_local * tp, n_local]: the full sequence, this rank's output columns.
   """
   _check_knobs("column_parallel_linear", cu_cap, ag_config, rs_config)
-  return _column(x, w, axis_name, impl, cu_cap, ag_config)
+  return _column(x, w, axis_name, impl, cu_cap, ag_config, precision)
 
 
-def row_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config=None, rs_config=None):
+def row_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config=None, rs_config=None,
+                        precision=None):
   """Row-parallel linear with sequence-parallel output.
 
   Args:
@@ -135,15 +139,16 @@ def row_parallel_linear(x, w, *, axis_name, impl=None, cu_cap=None, ag_config=No
     cu_cap: at most this many SMs for tn_rs, ag_nn and the weight-gradient matmul.
     ag_config: AgConfig for ag_nn (backward), given with transport='pull'.
     rs_config: RsConfig for tn_rs (forward).
+    precision: as for column_parallel_linear.
   Returns:
     [..., m // tp, n]: this rank's sequence shard of the summed output.
   """
   _check_knobs("row_parallel_linear", cu_cap, ag_config, rs_config)
-  return _row(x, w, axis_name, impl, cu_cap, ag_config, rs_config)
+  return _row(x, w, axis_name, impl, cu_cap, ag_config, rs_config, precision)
 
 
 def parallel_swiglu_mlp(x, w_gate_up, w_down, *, axis_name, impl=None, cu_cap=None, ag_config=None,
-                        rs_config=None):
+                        rs_config=None, precision=None):
   """SwiGLU MLP as a TP+SP column/row pair: down(silu(gate(x)) * up(x)).
 
   Args:
@@ -151,7 +156,7 @@ def parallel_swiglu_mlp(x, w_gate_up, w_down, *, axis_name, impl=None, cu_cap=No
     w_gate_up: [h, 2, i_local], gate and up columns of this rank side by side, so
       one column-parallel GEMM (one all-gather) serves both.
     w_down: [i_local, h], this rank's rows of the down projection.
-    axis_name, impl, cu_cap, ag_config, rs_config: as for the two linears, which
+    axis_name, impl, cu_cap, ag_config, rs_config, precision: as for the two linears, which
       get them all (ag_config serves both, rs_config the row pair's tn_rs).
   Returns:
     [..., m_local, h], this rank's sequence shard.
@@ -159,7 +164,8 @@ def parallel_swiglu_mlp(x, w_gate_up, w_down, *, axis_name, impl=None, cu_cap=No
   h, two, i_local = w_gate_up.shape
   if two != 2:
     raise ValueError(f"w_gate_up.shape={tuple(w_gate_up.shape)} must be [hidden, 2, i_local]")
-  kw = dict(axis_name=axis_name, impl=impl, cu_cap=cu_cap, ag_config=ag_config, rs_config=rs_config)
+  kw = dict(axis_name=axis_name, impl=impl, cu_cap=cu_cap, ag_config=ag_config, rs_config=rs_config,
+            precision=precision)
   gu = column_parallel_linear(x, w_gate_up.reshape(h, 2 * i_local), **kw)
   gate, up = gu[..., :i_local], gu[..., i_local:]
   return row_parallel_linear(jax.nn.silu(gate) * up, w_down, **kw)

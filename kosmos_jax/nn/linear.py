@@ -33,7 +33,9 @@ class _ParallelLinear(nnx.Module):
   (kosmos_jax.AgConfig) and `rs_config` (kosmos_jax.RsConfig) are the fused
   kernels' knobs, passed to `kosmos_jax.tp` as they are (see there which op takes
   which). All four are checked here. Both linears take both configs, so one set of
-  knobs can be passed to every layer of a model.
+  knobs can be passed to every layer of a model. `precision` (flax.nnx.Linear's)
+  reaches every dot of both directions on the reference path; the fused kernels
+  take only None (a ValueError at the call otherwise).
   """
 
   _bias_sharded: bool  # subclasses: is the output dim (and so the bias) sharded over tp?
@@ -43,7 +45,7 @@ class _ParallelLinear(nnx.Module):
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
                kernel_init=default_kernel_init, bias_init=nnx.initializers.zeros_init(),
                promote_dtype=dtypes.promote_dtype, impl: str | None = None, cu_cap: int | None = None,
-               ag_config=None, rs_config=None, rngs: nnx.Rngs):
+               ag_config=None, rs_config=None, precision=None, rngs: nnx.Rngs):
     _spmd.check_module(type(self).__name__, impl=impl, in_features=in_features,
                        out_features=out_features)
     tp_lib._check_knobs(type(self).__name__, cu_cap, ag_config, rs_config)
@@ -58,6 +60,7 @@ class _ParallelLinear(nnx.Module):
     self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
     self.cu_cap, self.ag_config, self.rs_config = cu_cap, ag_config, rs_config
+    self.precision = precision
     self.promote_dtype = promote_dtype
     axes = self._axes(tp_axis)
     self.kernel = nnx.Param(nnx.with_partitioning(kernel_init, axes, mesh=mesh)(
@@ -77,7 +80,7 @@ class _ParallelLinear(nnx.Module):
 
     def local(x, w, *b):
       y = linear(x, w, axis_name=tp, impl=self.impl, cu_cap=self.cu_cap, ag_config=self.ag_config,
-                 rs_config=self.rs_config)
+                 rs_config=self.rs_config, precision=self.precision)
       return y + b[0] if b else y
 
     args = [x, kernel]

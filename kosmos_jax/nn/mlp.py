@@ -33,14 +33,16 @@ class ParallelMLP(nnx.Module):
   global [batch, seq, hidden] arrays sequence-sharded over tp; returns the same layout.
   use_bias must stay False (no bias epilogue in the fused pair). `cu_cap`,
   `ag_config` (kosmos_jax.AgConfig) and `rs_config` (kosmos_jax.RsConfig) are the
-  fused kernels' knobs, passed to `kosmos_jax.tp.parallel_swiglu_mlp` as they are.
+  fused kernels' knobs, passed to `kosmos_jax.tp.parallel_swiglu_mlp` as they are;
+  so is `precision` (every dot of both directions on the reference path; the fused
+  kernels take only None).
   """
 
   def __init__(self, hidden: int, intermediate: int, *, mesh: jax.sharding.Mesh,
                tp_axis: str = "tp", dp_axis: str | None = None, use_bias: bool = False,
                dtype: Any = None, param_dtype: Any = jnp.float32, kernel_init=default_kernel_init,
                promote_dtype=dtypes.promote_dtype, impl: str | None = None, cu_cap: int | None = None,
-               ag_config=None, rs_config=None, rngs: nnx.Rngs):
+               ag_config=None, rs_config=None, precision=None, rngs: nnx.Rngs):
     _spmd.check_module("ParallelMLP", impl=impl, use_bias=use_bias, hidden=hidden,
                        intermediate=intermediate)
     tp_lib._check_knobs("ParallelMLP", cu_cap, ag_config, rs_config)
@@ -53,6 +55,7 @@ class ParallelMLP(nnx.Module):
     self.mesh, self.tp_axis, self.dp_axis = mesh, tp_axis, dp_axis
     self.dtype, self.param_dtype, self.impl = dtype, param_dtype, impl
     self.cu_cap, self.ag_config, self.rs_config = cu_cap, ag_config, rs_config
+    self.precision = precision
     self.promote_dtype = promote_dtype
     self.gate_up = nnx.Param(nnx.with_partitioning(
         gate_up_init(kernel_init), (None, None, tp_axis), mesh=mesh)(
@@ -68,7 +71,8 @@ class ParallelMLP(nnx.Module):
 
     def local(x, w1, w2):
       return tp_lib.parallel_swiglu_mlp(x, w1, w2, axis_name=tp, impl=self.impl, cu_cap=self.cu_cap,
-                                        ag_config=self.ag_config, rs_config=self.rs_config)
+                                        ag_config=self.ag_config, rs_config=self.rs_config,
+                                        precision=self.precision)
 
     args = self.promote_dtype((x, self.gate_up[...], self.down[...]), dtype=self.dtype)
     return _spmd.run_sharded(local, self.mesh, list(args), [act, P(None, None, tp), P(tp, None)], act)

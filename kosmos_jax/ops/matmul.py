@@ -11,6 +11,7 @@ import functools
 from kosmos_jax import reference
 from kosmos_jax.ops import _checks as chk
 from kosmos_jax.ops._dispatch import choose, run_fused
+from kosmos_jax.ops.tp import check_precision
 from kosmos_jax.reference.matmul import LAYOUTS
 
 
@@ -30,12 +31,13 @@ def _validate(a, b, layout: str) -> None:
   chk.equal(op, "contraction sizes", **{"a.shape[-1]": a.shape[-1], f"b.shape[{axis}]": b.shape[axis]})
 
 
-def matmul(a, b, *, layout: str, impl=None, cu_cap=None):
+def matmul(a, b, *, layout: str, impl=None, cu_cap=None, precision=None):
   """GEMM in `layout` ('TN', 'NN' or 'NT'), fp32 accumulation, output in a.dtype."""
   _validate(a, b, layout)
   if cu_cap is not None and (not isinstance(cu_cap, int) or cu_cap < 1):
     raise ValueError(f"matmul: cu_cap={cu_cap!r} must be a positive int or None")
-  twin = functools.partial(reference.matmul, layout=layout)
+  twin = functools.partial(reference.matmul, layout=layout, precision=precision)
   if choose("matmul", impl) == "fused":
+    check_precision("matmul", precision)
     return run_fused("matmul", twin, (a, b), dict(layout=layout, cu_cap=cu_cap))
   return twin(a, b)

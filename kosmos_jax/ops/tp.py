@@ -12,6 +12,10 @@ gathered/scattered axis is the sequence axis -2; leading batch dims allowed):
   bulk_ag_nn  AG x  ||     NN    x [..,m/tp,k], dy [..,m,n], w [k,n]    AG(x), dy@w.T
   bulk_rs_nt  RS dx ||     NT    dxp [..,m,k], xg [..,m,k], dy [..,m,n] RS(dxp), xg.T@dy
 
+`precision` (jax.lax.dot_general's) reaches the reference path's dots; the fused
+kernels multiply the operands as given with fp32 accumulation, so a precision
+other than None with them is a ValueError.
+
 `cu_cap` limits the fused kernel's grid to that many SMs (paper §3.1.2), and
 `config` carries the other launch knobs, one type per op family
 (`kosmos_jax.kernel_config`, exported as `kosmos_jax.AgConfig` / `RsConfig`):
@@ -75,14 +79,24 @@ def resolve_config(op: str, config, cu_cap):
   return config
 
 
-def _run(op: str, impl, args: tuple, kwargs: dict, config):
-  twin = functools.partial(getattr(reference, op), **kwargs)
+def check_precision(op: str, precision) -> None:
+  """A fused kernel multiplies at its operands' own precision with fp32
+  accumulation; another precision asked of it is an error, not ignored."""
+  if precision is not None:
+    raise ValueError(f"{op}: precision={precision!r} applies to the reference path's dots only; the fused "
+                     "kernel multiplies the operands as given with fp32 accumulation. Pass precision=None, "
+                     "or impl='reference' for another precision")
+
+
+def _run(op: str, impl, args: tuple, kwargs: dict, config, precision=None):
+  twin = functools.partial(getattr(reference, op), **kwargs, precision=precision)
   if choose(op, impl) == "fused":
+    check_precision(op, precision)
     return run_fused(op, twin, args, dict(kwargs, config=config))
   return twin(*args)
 
 
-def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
+def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None, config=None, precision=None):
   """Y = all_gather_rows(x) @ w: the column-parallel forward. config: AgConfig."""
   op = "ag_tn"
   tp = chk.axis_size(op, axis_name)
@@ -94,10 +108,10 @@ def ag_tn(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
              f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   cfg = resolve_config(op, config, cu_cap)
-  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg, precision)
 
 
-def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
+def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None, config=None, precision=None):
   """Y = reduce_scatter_rows(x @ w), summed in fp32: the row-parallel forward.
   config: RsConfig."""
   op = "tn_rs"
@@ -111,10 +125,10 @@ def tn_rs(x, w, *, axis_name, impl=None, cu_cap=None, config=None):
   chk.equal(op, "contraction sizes", **{"x.shape[-1]": x.shape[-1], "w.shape[0]": w.shape[0]})
   chk.divisible(op, "m", x.shape[-2], "tp", tp)
   cfg = resolve_config(op, config, cu_cap)
-  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg)
+  return _run(op, impl, (x, w), dict(axis_name=axis_name), cfg, precision)
 
 
-def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None, config=None):
+def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None, config=None, precision=None):
   """dX = all_gather_rows(dy) @ w.T: the row-parallel data gradient; with
   `return_gathered` also returns the gathered dy for the weight gradient.
   config: AgConfig with transport='pull' (the fused kernel gathers by pull)."""
@@ -128,10 +142,11 @@ def ag_nn(dy, w, *, axis_name, return_gathered=False, impl=None, cu_cap=None, co
              f"be gathered {tp} times (a sequence {tp}x too long)")
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
   cfg = resolve_config(op, config, cu_cap)
-  return _run(op, impl, (dy, w), dict(axis_name=axis_name, return_gathered=bool(return_gathered)), cfg)
+  return _run(op, impl, (dy, w), dict(axis_name=axis_name, return_gathered=bool(return_gathered)), cfg,
+              precision)
 
 
-def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None, config=None):
+def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None, config=None, precision=None):
   """(all_gather_rows(x), dy @ w.T): the column-parallel data gradient beside the
   gather of the saved input that the weight gradient needs. config: AgConfig with
   transport='pull' (movers pull peers' rows straight into the gathered output)."""
@@ -149,10 +164,10 @@ def bulk_ag_nn(x, dy, w, *, axis_name, impl=None, cu_cap=None, config=None):
   chk.equal(op, "output widths", **{"dy.shape[-1]": dy.shape[-1], "w.shape[1]": w.shape[1]})
   chk.equal(op, "gathered rows", **{"x.shape[-2]*tp": x.shape[-2] * tp, "dy.shape[-2]": dy.shape[-2]})
   cfg = resolve_config(op, config, cu_cap)
-  return _run(op, impl, (x, dy, w), dict(axis_name=axis_name), cfg)
+  return _run(op, impl, (x, dy, w), dict(axis_name=axis_name), cfg, precision)
 
 
-def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None, config=None):
+def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None, config=None, precision=None):
   """(reduce_scatter_rows(dx_partial), x_gathered.T @ dy): the column-parallel
   weight gradient beside the reduce-scatter of the data gradient. config: AgConfig,
   whose movers are the CTAs that start pushing dx_partial's bands to their owners
@@ -172,4 +187,4 @@ def bulk_rs_nt(dx_partial, x_gathered, dy, *, axis_name, impl=None, cu_cap=None,
                                    "x_gathered.shape[-1]": x_gathered.shape[-1]})
   chk.divisible(op, "m", dx_partial.shape[-2], "tp", tp)
   cfg = resolve_config(op, config, cu_cap)
-  return _run(op, impl, (dx_partial, x_gathered, dy), dict(axis_name=axis_name), cfg)
+  return _run(op, impl, (dx_partial, x_gathered, dy), dict(axis_name=axis_name), cfg, precision)

@@ -15,17 +15,18 @@ import jax.numpy as jnp
 LAYOUTS = ("TN", "NN", "NT")
 
 
-def _dot(a, b, contract, out_dtype):
-  y = jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+def _dot(a, b, contract, out_dtype, precision=None):
+  y = jax.lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
   return y.astype(out_dtype)
 
 
-def matmul(a, b, *, layout: str):
+def matmul(a, b, *, layout: str, precision=None):
+  """`precision`: jax.lax.dot_general's (None: JAX's default for the dtype)."""
   if layout == "TN":
-    return _dot(a, b, ((a.ndim - 1,), (0,)), a.dtype)
+    return _dot(a, b, ((a.ndim - 1,), (0,)), a.dtype, precision)
   if layout == "NN":
-    return _dot(a, b, ((a.ndim - 1,), (1,)), a.dtype)
+    return _dot(a, b, ((a.ndim - 1,), (1,)), a.dtype, precision)
   if layout == "NT":
     rows = tuple(range(a.ndim - 1))  # batch dims and m are all contracted
-    return _dot(a, b, (rows, rows), a.dtype)
+    return _dot(a, b, (rows, rows), a.dtype, precision)
   raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
