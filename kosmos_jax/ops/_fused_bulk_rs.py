@@ -17,7 +17,7 @@ from kosmos_jax import _compat, _ext, runtime
 from kosmos_jax import kernel_config as _config
 from kosmos_jax.kernel_config import AgConfig
 from kosmos_jax.ops._dispatch import register_fused
-from kosmos_jax.ops._fused_tp import _axis, _lower_group_op, _rank_major
+from kosmos_jax.ops._fused_tp import _axis, _rank_major, crew_lowering
 
 bulk_rs_nt_p = Primitive("kosmos_bulk_rs_nt")
 bulk_rs_nt_p.multiple_results = True
@@ -30,13 +30,8 @@ def _abstract(dxp, xg, dy, *, axis_name, tp, cu_cap, movers, switching):
   return (dxp.update(shape=(dxp.shape[0] // tp, dxp.shape[1])), xg.update(shape=(xg.shape[1], dy.shape[1])))
 
 
-def _lowering(ctx, dxp, xg, dy, *, axis_name, tp, cu_cap, movers, switching):
-  return _lower_group_op("bulk_rs_nt", ctx, dxp, xg, dy, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
-
-
 bulk_rs_nt_p.def_abstract_eval(_abstract)
-mlir.register_lowering(bulk_rs_nt_p, _lowering, platform="cuda")
+mlir.register_lowering(bulk_rs_nt_p, crew_lowering("bulk_rs_nt"), platform="cuda")
 
 
 def bulk_rs_nt_fused(dx_partial, x_gathered, dy, *, axis_name, config: AgConfig):

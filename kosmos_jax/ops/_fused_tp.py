@@ -47,6 +47,15 @@ def _lower_group_op(op, ctx, *operands, axis_name, tp, cu_cap, **attrs):
       slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
 
 
+def crew_lowering(op):
+  """The lowering of an op whose only knobs are its crew and switching (the
+  backward kernels): the `kosmos_<op>` call over however many operands it takes."""
+  def lowering(ctx, *operands, axis_name, tp, cu_cap, movers, switching):
+    return _lower_group_op(op, ctx, *operands, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
+                           movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
+  return lowering
+
+
 def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers, switching, transport):
   return _lower_group_op("ag_tn", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching),
@@ -102,13 +111,8 @@ def _ag_nn_abstract(dy, w, *, axis_name, tp, cu_cap, movers, switching):
   return (dy.update(shape=(*dy.shape[:-2], rows, w.shape[0])), dy.update(shape=(*dy.shape[:-2], rows, dy.shape[-1])))
 
 
-def _ag_nn_lowering(ctx, dy, w, *, axis_name, tp, cu_cap, movers, switching):
-  return _lower_group_op("ag_nn", ctx, dy, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
-
-
 ag_nn_p.def_abstract_eval(_ag_nn_abstract)
-mlir.register_lowering(ag_nn_p, _ag_nn_lowering, platform="cuda")
+mlir.register_lowering(ag_nn_p, crew_lowering("ag_nn"), platform="cuda")
 
 
 def _check_row_bytes(op: str, name: str, a) -> None:
@@ -159,13 +163,8 @@ def _bulk_ag_nn_abstract(x, dy, w, *, axis_name, tp, cu_cap, movers, switching):
           dy.update(shape=(*dy.shape[:-1], w.shape[0])))
 
 
-def _bulk_ag_nn_lowering(ctx, x, dy, w, *, axis_name, tp, cu_cap, movers, switching):
-  return _lower_group_op("bulk_ag_nn", ctx, x, dy, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
-                         movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching))
-
-
 bulk_ag_nn_p.def_abstract_eval(_bulk_ag_nn_abstract)
-mlir.register_lowering(bulk_ag_nn_p, _bulk_ag_nn_lowering, platform="cuda")
+mlir.register_lowering(bulk_ag_nn_p, crew_lowering("bulk_ag_nn"), platform="cuda")
 
 
 def bulk_ag_nn_fused(x, dy, w, *, axis_name, config: AgConfig):
