@@ -45,7 +45,7 @@ bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state[0], ordinal) && s
 bool ag_nn_sm90_ready(int ordinal) { return sm90_ready(g_state[2], ordinal); }
 
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
-  AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}};
+  AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}, {}};
   if (ag.shape.push)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
     p.own = sm90::make_operand_tma<AgCfg::kMajorA, typename AgCfg::RingA>(reinterpret_cast<const sm90::bf16*>(ag.x),
                                                                            ag.rows, ag.K, ag.K);
@@ -56,10 +56,16 @@ cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
 
 cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
   if (ag.shape.push) return cudaErrorInvalidValue;  // ag_nn gathers by pull only
-  AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}};
-  // The own shard's tiles read dY itself while the movers publish it (tp/ag_gemm_sm90.cuh, kOwnFromX).
-  p.own = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(
-      reinterpret_cast<const sm90::bf16*>(ag.x), ag.rows, ag.K, ag.K);
+  AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}, {}};
+  // The own shard's tiles read dY itself while the movers publish it; the peer
+  // tiles read the gathered dY where whole tile rows of it are one shard's
+  // (tp/ag_gemm_sm90.cuh, kOwnFromX, pull_to_out_only).
+  using Bf = const sm90::bf16*;
+  p.own = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(Bf(ag.x), ag.rows, ag.K, ag.K);
+  p.ag.pull_to_out_only = ag.tp > 1 && ag.m_local % AgNnCfg::kBM == 0;
+  if (p.ag.pull_to_out_only)
+    p.out = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(Bf(ag.g_out), ag.tp * ag.rows, ag.K,
+                                                                              ag.K);
   ag_tn_sm90_kernel<AgNnCfg, false><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -53,7 +53,8 @@ def main(path):
         rng = np.random.default_rng(tp * 100 + len(op))
         ins = [[[_rand(rng, sh) for sh in IN_SHAPES[op](tp, rows, k, n)] for _ in range(tp)]]
         for push in arms:
-          first, mism, _ = loopback.run([op], tp, rows, k, n, ins, cu_cap=sms // tp, calls=2, push=(push,))
+          first, mism, _ = loopback.run([op], tp, rows, k, n, ins, cu_cap=sms // tp, calls=2, push=(push,),
+                                       stage_bf16=push == 2)
           h = hashlib.sha256(b"".join(first[0])).hexdigest()
           out[f"{op}/tp{tp}/{sname}/t{push}"] = h if not any(mism) else f"MOVED {list(mism)} {h}"
           print(op, tp, sname, push, out[f"{op}/tp{tp}/{sname}/t{push}"][:16], flush=True)

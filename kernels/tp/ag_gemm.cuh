@@ -33,6 +33,10 @@ struct AgParams {
   // [batch, tp * m_local, K]: every shard's rows as all_gather_rows(x) lays
   // them out, written by the movers (AgOp::kNn's gathered dY, kBulk's X).
   T* g_out;
+  // Pulled rows land in g_out only, where the builders read them (the Hopper
+  // ag_nn, when every shard's tile rows are whole tile rows of g_out: m_local %
+  // kBM == 0); otherwise in this rank's gather slot too.
+  bool pull_to_out_only;
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
   int K, N;
@@ -200,7 +204,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::move(const AgMove& m, int
   }
   __syncthreads();  // every thread's loads are ordered after thread 0's acquire
   const TraceSpan pull;
-  land(kOp == AgOp::kBulk ? nullptr : slot(p.rank, m.src), slot(m.src, m.src), m.src, m.t);  // pull
+  land(kOp == AgOp::kBulk || p.pull_to_out_only ? nullptr : slot(p.rank, m.src), slot(m.src, m.src), m.src, m.t);
   __syncthreads();
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
   if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);

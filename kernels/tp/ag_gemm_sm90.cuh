@@ -12,7 +12,9 @@
 // through a second TMA descriptor (AgSm90Params::own, the engine's a_source
 // hook), so no builder waits for a publish and nothing is published. ag_nn
 // (an NN Cfg: dX = AG(dY) @ w.T, the gathered dY returned) pulls, and its own
-// tiles read dY through that descriptor too while the movers publish. Rows past
+// tiles read dY through that descriptor too while the movers publish, and its
+// peer tiles read the gathered output the movers write anyway (AgSm90Params::out,
+// when AgParams::pull_to_out_only), so a pulled row is stored once. Rows past
 // a shard's end are never written and never stored (row_ptr masks them). With
 // tp == 1 there are no slots and A is x itself.
 #pragma once
@@ -25,7 +27,8 @@ template <class Cfg>
 struct AgSm90Params {
   AgParams<bf16_t> ag;   // x, w, y, heaps, shape (NT in units of Cfg::kBN), movers >= 1 if tp > 1
   sm90::Params<Cfg> g;   // TMA over A (see above) and W [K, N]; g.M = tp * T * kBM
-  typename sm90::Params<Cfg>::TmaA own;  // push: TMA over x [rows, K], the own shard's A
+  typename sm90::Params<Cfg>::TmaA own;  // push, ag_nn: TMA over x [rows, K], the own shard's A
+  typename sm90::Params<Cfg>::TmaA out;  // ag_nn with pull_to_out_only: TMA over g_out [batch * tp * m_local, K]
 };
 
 struct AgSm90Shared {
@@ -59,6 +62,7 @@ struct AgSm90Hooks {
   static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX;
   using TmaA = typename sm90::Params<Cfg>::TmaA;
   const TmaA* own;  // in the kernel parameters (TMA reads descriptors from parameter space)
+  const TmaA* out;  // nullptr: peer tiles read the gather region
   AgCtrl* ctrl;
   bf16_t* y;
   uint64_t epoch, timeout_ns;
@@ -84,12 +88,22 @@ struct AgSm90Hooks {
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
-  // Push: an own-shard tile reads x [rows, K] at its tile row within the shard.
+  // An own-shard tile reads x [rows, K] at its tile row within the shard; with
+  // `out`, a peer tile reads g_out at the tile row its rows were pulled to
+  // (whole tile rows there: m_local % kBM == 0).
   KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
-    if (!kOwnFromX || tp == 1 || t.m / T != rank) return nullptr;
-    *a_rows = rows;
-    *tile_m = t.m - rank * T;
-    return own;
+    if (!kOwnFromX || tp == 1) return nullptr;
+    const int src = t.m / T, tr = t.m - src * T;
+    if (src == rank) {
+      *a_rows = rows;
+      *tile_m = tr;
+      return own;
+    }
+    if (out == nullptr) return nullptr;
+    const int lr = tr * portable::kBM, b = lr / m_local;
+    *a_rows = rows * tp;
+    *tile_m = (((b * tp + src) * m_local) + lr - b * m_local) / portable::kBM;
+    return out;
   }
 
   // Engine row r (shard src, flattened local row lr) goes to row
@@ -124,7 +138,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
       using Hooks = AgSm90Hooks<Cfg, kPush, kPush || kOp == AgOp::kNn>;
-      Hooks hooks{&pp.own, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
+      Hooks hooks{&pp.own, a.pull_to_out_only ? &pp.out : nullptr, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
                   a.shape.T, a.rows, a.m_local, a.N, a.trace};
       sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);

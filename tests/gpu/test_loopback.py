@@ -198,6 +198,13 @@ def test_ag_batched_rows(op):
   _check(op, 2, 240, 256, 512, m_local=80)
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_ag_nn_batched_whole_tile_rows(tp):
+  # 2 batches of 256 rows per rank: whole tile rows of the gathered dY belong to
+  # one shard, so (Hopper) the peer tiles read it there at batch-major rows.
+  _check("ag_nn", tp, 512, 512, 768, m_local=256, calls=6)
+
+
 @pytest.mark.parametrize("tp", [2, 8])
 def test_a_training_step_shares_the_heap(tp):
   # A column/row pair's fwd and bwd kernels in turn on the same heaps: each
