@@ -131,11 +131,11 @@ def arm_knobs(arm, kernel, k, n, cap=None, sms=None) -> dict:
   the rest as the ops choose them (kosmos_jax.kernel_config) for a grid of
   `cap` CTAs on a GPU of `sms` SMs."""
   transport, *mods = arm.split("+")
-  if transport not in config.RS_PUSH_ATTR or (transport == "push_fold" and kernel != "tn_rs"):
+  if transport not in config.RS_TRANSPORTS or (transport == "push_fold" and kernel != "tn_rs"):
     raise ValueError(f"arm {arm!r}: must start with pull or push (or push_fold, tn_rs only)")
   if kernel in ("ag_nn", "bulk_ag_nn") and transport != "pull":
     raise ValueError(f"arm {arm!r}: {kernel} gathers by pull only")
-  kw = dict(push=(config.RS_PUSH_ATTR[transport],))
+  kw = dict(transports=(transport,))
   if kernel == "ag_tn":
     kw["knob"] = config.ag_movers(n)
   elif kernel in ("ag_nn", "bulk_ag_nn"):

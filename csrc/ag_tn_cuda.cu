@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -79,7 +80,9 @@ cudaError_t prepare_gathered(cudaStream_t stream, const AgArgs& a, size_t es) {
 // 16-byte rows (each batch's run of gathered rows starts a vector copy).
 std::string check_nn(const char* op, const AgArgs& a, size_t es) {
   if (!a.nn) return "";
-  if (a.push) return std::string(op) + ": transport='push' is not supported (ag_nn gathers by pull)";
+  if (a.transport != Transport::kPull)
+    return std::string(op) + ": transport='" + transport_name(a.transport) +
+           "' is not supported; the only name here is 'pull' (ag_nn gathers by pull)";
   if (a.g_out == nullptr || a.g_bytes != (size_t)(a.rows * a.tp * a.K) * es)
     return std::string(op) + ": gathered output has " + std::to_string(a.g_bytes) + " bytes, want " +
            std::to_string(a.rows * a.tp * a.K * es);
@@ -98,12 +101,14 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const size_t es = ffi::ByteWidth(a.dtype);
   const int dt = dtype_index(a.dtype);
   if (dt < 0) return ffi::Error::InvalidArgument(name + ": dtype must be f32, f16 or bf16");
-  if (a.push != 0 && a.push != 1)  // (GEMM+RS's push_fold, 2, has no AG counterpart)
-    return ffi::Error::InvalidArgument(name + ": push=" + std::to_string(a.push) + " must be 0 (pull) or 1 (push)");
   if (std::string e = check_nn(op, a, es); !e.empty()) return ffi::Error::InvalidArgument(e);
+  if (a.transport == Transport::kPushFold)  // GEMM+RS's; the handler refuses it, the loopback hook reaches here
+    return ffi::Error::InvalidArgument(name + ": transport='push_fold' is not supported; the names here are "
+                                       "'pull' and 'push' (push_fold is GEMM+RS's)");
+  const bool push = a.transport == Transport::kPush;
   const bool ready = a.nn ? ag_nn_sm90_ready(ordinal) : ag_tn_sm90_ready(ordinal);
   const bool sm90 = hopper_builders_apply(dt, ready, K, N, a.x, a.w, a.y);
-  if (a.push && tp > 1 && !sm90)
+  if (push && tp > 1 && !sm90)
     return ffi::Error::InvalidArgument(
         name + ": transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, "
         "16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); these inputs run the "
@@ -147,7 +152,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
     p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
-                      a.push && tp > 1};
+                      push && tp > 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
@@ -172,7 +177,10 @@ using namespace kosmos;
 static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t movers, int64_t switching,
-                           int64_t push) {
+                           std::string_view transport) {
+  Transport t;
+  if (auto err = parse_transport("kosmos_ag_tn", transport, {Transport::kPull, Transport::kPush}, &t); !err.empty())
+    return ffi::Error::InvalidArgument(err);
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_ag_tn", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -183,7 +191,7 @@ static ffi::Error AgTnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < xd.size(); ++i) rows *= xd[i];
   const AgArgs a{x.untyped_data(), w.untyped_data(), y->untyped_data(), y->size_bytes(), x.element_type(),
-                 rows, xd[xd.size() - 2], xd.back(), wd[1], tp, cu_cap, movers, switching, push};
+                 rows, xd[xd.size() - 2], xd.back(), wd[1], tp, cu_cap, movers, switching, t};
   return ag_tn_run(stream, ordinal, g, ctrl_slot, a);
 }
 
@@ -200,7 +208,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_ag_tn_cuda, AgTnCuda,
                                   .Attr<int64_t>("cu_cap")                   // 0 = all SMs
                                   .Attr<int64_t>("movers")                   // -1 = default policy
                                   .Attr<int64_t>("switching")                // 0: fixed split
-                                  .Attr<int64_t>("push"));                   // 1: push transport (Hopper)
+                                  .Attr<std::string_view>("transport"));     // "pull" or "push" (Hopper)
 
 // kosmos_ag_nn: dX = allgather_rows(dY) @ w.T and allgather_rows(dY) itself
 // (the row-parallel dgrad, and the gathered dY its weight gradient reads).
@@ -218,7 +226,7 @@ static ffi::Error AgNnCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < dd.size(); ++i) rows *= dd[i];
   AgArgs a{dy.untyped_data(), w.untyped_data(), dx->untyped_data(), dx->size_bytes(), dy.element_type(),
-           rows, dd[dd.size() - 2], dd.back(), wd[0], tp, cu_cap, movers, switching, 0};
+           rows, dd[dd.size() - 2], dd.back(), wd[0], tp, cu_cap, movers, switching, Transport::kPull};
   a.g_out = dy_g->untyped_data();
   a.g_bytes = dy_g->size_bytes();
   return ag_nn_run(stream, ordinal, g, ctrl_slot, a);

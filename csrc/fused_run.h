@@ -6,11 +6,43 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
 
 #include "launch.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace kosmos {
+
+// How rows (AG) or partials (RS) travel between ranks: kernel_config's
+// TRANSPORTS and RS_TRANSPORTS. It crosses the FFI and the loopback hook as its
+// name, never as a number, so a caller cannot pass a code that means something
+// else to another op; parse_transport turns the name into this once, and each
+// run body refuses the transports its op lacks.
+enum class Transport { kPull, kPush, kPushFold };
+
+inline const char* transport_name(Transport t) {
+  return t == Transport::kPull ? "pull" : t == Transport::kPush ? "push" : "push_fold";
+}
+
+// "" with *out set when `name` is one of `allowed` (the transports of `op`),
+// else an error naming the op, the value and the allowed names.
+inline std::string parse_transport(const char* op, std::string_view name, std::initializer_list<Transport> allowed,
+                                   Transport* out) {
+  std::string names;
+  for (Transport t : allowed) {
+    if (name == transport_name(t)) {
+      *out = t;
+      return "";
+    }
+    names += std::string(names.empty() ? "'" : ", '") + transport_name(t) + "'";
+  }
+  return std::string(op) + ": transport='" + std::string(name) + "' is not one of " + names;
+}
+
+// Every transport: what the loopback hook accepts before the run bodies check the op's.
+constexpr std::initializer_list<Transport> kAllTransports = {Transport::kPull, Transport::kPush, Transport::kPushFold};
 
 // One rank's call of kosmos_ag_tn: y [rows/m_local, tp*m_local, n] =
 // allgather_rows(x [rows, k]) @ w [k, n]; the knobs as the FFI attributes.
@@ -21,7 +53,8 @@ struct AgArgs {
   size_t y_bytes;
   xla::ffi::DataType dtype;
   int64_t rows, m_local, K, N;
-  int64_t tp, cu_cap, movers, switching, push;
+  int64_t tp, cu_cap, movers, switching;
+  Transport transport;  // pull or push (push_fold is GEMM+RS's)
   // kosmos_ag_nn: dX [rows/m_local, tp*m_local, N] = allgather_rows(dY [rows, K]) @ w.T
   // (w [N, K]), and allgather_rows(dY) into g_out (g_bytes), pull transport only.
   int64_t nn = 0;
@@ -38,7 +71,8 @@ struct RsArgs {
   size_t y_bytes;
   xla::ffi::DataType dtype;
   int64_t rows, K, N;
-  int64_t tp, cu_cap, reducers, stage_bf16, switching, band_rows, push;
+  int64_t tp, cu_cap, reducers, stage_bf16, switching, band_rows;
+  Transport transport;
 };
 
 // Validates, plans and launches on `stream`; `g` and `ctrl_slot` as find_group_slot

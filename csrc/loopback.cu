@@ -91,7 +91,7 @@ std::string check(const LoopbackSpec& s, int sm_count, const Inputs& ins) {
   if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
     return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
            std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
-  if (s.push.empty() || s.calls < 1) return "loopback: need calls >= 1 and at least one transport";
+  if (s.transports.empty() || s.calls < 1) return "loopback: need calls >= 1 and at least one transport";
   if (s.m_local < 0 || (s.m_local > 0 && s.rows % s.m_local))
     return "loopback: m_local=" + std::to_string(s.m_local) + " must divide rows=" + std::to_string(s.rows);
   if (ins.empty()) return "loopback: need at least one input set";
@@ -142,7 +142,7 @@ void free_rank(Rank& rk) {
 // One rank's launch of `op` through its handler body (fused_run.h), outputs
 // one after the other in y (loopback.h's table).
 xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStream_t stream, int ordinal,
-                          const GroupInfo& g, const std::vector<void*>& in, void* y, int64_t push) {
+                          const GroupInfo& g, const std::vector<void*>& in, void* y, Transport t) {
   const auto bf16 = xla::ffi::DataType::BF16;
   const size_t e = 2, r = s.rows, K = s.K, N = s.N, tp = s.tp;
   char* out = static_cast<char*>(y);
@@ -150,13 +150,13 @@ xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStre
   if (op == "ag_tn")
     return ag_tn_run(stream, ordinal, g, 0,
                      AgArgs{in[0], in[1], y, tp * r * N * e, bf16, s.rows, m, s.K, s.N, s.tp, s.cu_cap, s.knob,
-                            s.switching, push});
+                            s.switching, t});
   if (op == "tn_rs")
     return tn_rs_run(stream, ordinal, g, 0,
                      RsArgs{in[0], in[1], y, r * N * e, bf16, s.rows, s.K, s.N, s.tp, s.cu_cap, s.knob, s.stage_bf16,
-                            s.switching, s.band_rows, push});
+                            s.switching, s.band_rows, t});
   if (op == "ag_nn") {  // AgArgs in the gather's terms: rows of width N gathered, outputs of width K
-    AgArgs a{in[0], in[1], y, tp * r * K * e, bf16, s.rows, m, s.N, s.K, s.tp, s.cu_cap, s.knob, s.switching, push};
+    AgArgs a{in[0], in[1], y, tp * r * K * e, bf16, s.rows, m, s.N, s.K, s.tp, s.cu_cap, s.knob, s.switching, t};
     a.g_out = out + tp * r * K * e;
     a.g_bytes = tp * r * N * e;
     return ag_nn_run(stream, ordinal, g, 0, a);
@@ -174,8 +174,8 @@ xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStre
 
 // Call i of rank r: poison y, launch, then keep (the first call of its set and
 // op) or compare the output, all on the rank's stream.
-std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count, int r, int i,
-                    unsigned long long* diff) {
+std::string enqueue(const LoopbackSpec& s, const std::vector<Transport>& ts, std::vector<Rank>& ranks, int ordinal,
+                    int sm_count, int r, int i, unsigned long long* diff) {
   Rank& rk = ranks[r];
   const std::string& op = s.ops[i % s.ops.size()];
   const size_t k = (i / s.ops.size()) % rk.in.size(), yb = y_bytes(s, op);
@@ -183,12 +183,12 @@ std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal
   g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
   g.trace_list = r * (int)s.cu_cap;  // ranks share the device's trace lists: each gets its own
   for (int q = 0; q < s.tp; ++q) g.heaps[q] = ranks[q].heap;
-  const int64_t push = s.push[i % s.push.size()];
+  const Transport t = ts[i % ts.size()];
   if (s.check) {
     const std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, yb, rk.stream), "poisoning y");
     if (!err.empty()) return err;
   }
-  const xla::ffi::Error e = launch_op(s, op, rk.stream, ordinal, g, rk.in[k], rk.y, push);
+  const xla::ffi::Error e = launch_op(s, op, rk.stream, ordinal, g, rk.in[k], rk.y, t);
   if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(i) + ": " + e.message();
   if (!s.check) return "";
   const size_t c = i % rk.first.size();  // the first call with this set and op
@@ -199,12 +199,12 @@ std::string enqueue(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal
   return cuda_check(cudaGetLastError(), "compare");
 }
 
-std::string run_calls(const LoopbackSpec& s, std::vector<Rank>& ranks, int ordinal, int sm_count,
-                      unsigned long long* diff, LoopbackResult* out) {
+std::string run_calls(const LoopbackSpec& s, const std::vector<Transport>& ts, std::vector<Rank>& ranks, int ordinal,
+                      int sm_count, unsigned long long* diff, LoopbackResult* out) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string err;
   for (int i = 0; err.empty() && i < s.calls; ++i)
-    for (int r = 0; err.empty() && r < s.tp; ++r) err = enqueue(s, ranks, ordinal, sm_count, r, i, diff);
+    for (int r = 0; err.empty() && r < s.tp; ++r) err = enqueue(s, ts, ranks, ordinal, sm_count, r, i, diff);
   // Whatever failed to enqueue, the launched calls still run to the end (or trap
   // on a timed-out wait): wait for them before reading or freeing anything.
   for (Rank& rk : ranks) {
@@ -237,6 +237,10 @@ std::string loopback_run(int ordinal, const LoopbackSpec& spec, const Inputs& in
     return "loopback: no runtime on device ordinal " + std::to_string(ordinal) +
            " (run kosmos_jax.runtime.init() first: it prepares the kernels)";
   std::string err = check(spec, me.sm_count, ins);
+  // Each name once, before any launch; the run bodies then refuse an op's missing transports.
+  std::vector<Transport> ts(spec.transports.size());
+  for (size_t j = 0; err.empty() && j < ts.size(); ++j)
+    err = parse_transport("loopback", spec.transports[j], kAllTransports, &ts[j]);
   if (!err.empty()) return err;
   int prev = 0;
   cudaGetDevice(&prev);
@@ -251,7 +255,7 @@ std::string loopback_run(int ordinal, const LoopbackSpec& spec, const Inputs& in
   unsigned long long* diff = nullptr;
   if (err.empty()) err = cuda_check(cudaMalloc(&diff, spec.calls * sizeof(unsigned long long)), "counts");
   if (err.empty()) err = cuda_check(cudaMemset(diff, 0, spec.calls * sizeof(unsigned long long)), "counts");
-  if (err.empty()) err = run_calls(spec, ranks, ordinal, me.sm_count, diff, out);
+  if (err.empty()) err = run_calls(spec, ts, ranks, ordinal, me.sm_count, diff, out);
   for (Rank& rk : ranks) free_rank(rk);
   cudaFree(diff);
   cudaSetDevice(prev);

@@ -28,7 +28,11 @@ struct LoopbackSpec {
   int64_t knob = -1;       // movers (AG ops) or reducers (RS ops); -1: the default policy
   int64_t switching = 1;
   int64_t stage_bf16 = 0, band_rows = 1;  // tn_rs only
-  std::vector<int> push;   // call i runs transport push[i % size] (1: push, 0: pull)
+  // Call i runs transport transports[i % size], by name ("pull", "push",
+  // "push_fold"), as the FFI attribute carries it. The bulk ops have one
+  // transport each (bulk_ag_nn pulls, bulk_rs_nt pushes) and run it whatever
+  // the name, so a mixed ops list can cycle names for the others.
+  std::vector<std::string> transports;
   int calls = 1;
   size_t heap_bytes = 0;   // per rank
   // 0 (timing, benchmarks/loopback.py): no poison, no first outputs, no compares;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -103,17 +104,14 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
                                                                        a.x, a.w, a.y);
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
-  if (a.push < 0 || a.push > 2)
-    return ffi::Error::InvalidArgument("kosmos_tn_rs: push=" + std::to_string(a.push) +
-                                       " must be 0 (pull), 1 (push) or 2 (push_fold)");
-  const char* transport = a.push == 2 ? "push_fold" : "push";
-  if (a.push && tp > 1 && !sm90)
+  const bool push = a.transport != Transport::kPull, fold = a.transport == Transport::kPushFold;
+  if (push && tp > 1 && !sm90)
     return ffi::Error::InvalidArgument(
-        std::string("kosmos_tn_rs: transport='") + transport +
+        std::string("kosmos_tn_rs: transport='") + transport_name(a.transport) +
         "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
         "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
         "these inputs run the portable builders, which support transport='pull' only");
-  if (a.push == 2 && tp > 1 && (!a.stage_bf16 || !a.switching))
+  if (fold && tp > 1 && (!a.stage_bf16 || !a.switching))
     return ffi::Error::InvalidArgument("kosmos_tn_rs: transport='push_fold' needs stage='bf16' and switching=True "
                                        "(the fold sums in the bf16 staged epilogue and has no reducers to split "
                                        "off); got stage_bf16=" + std::to_string(a.stage_bf16) +
@@ -126,8 +124,8 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(a.band_rows) + " must be in [1, " +
                                        std::to_string(kRsMaxBands) + "]");
   RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)a.band_rows : 1);
-  shape.push = a.push != 0 && tp > 1;
-  shape.fold = a.push == 2 && tp > 1;
+  shape.push = push && tp > 1;
+  shape.fold = fold && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
@@ -170,7 +168,10 @@ using namespace kosmos;
 static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer w,
                            ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> groups, int64_t tp,
                            ffi::Span<const int64_t> slots, int64_t cu_cap, int64_t reducers,
-                           int64_t stage_bf16, int64_t switching, int64_t band_rows, int64_t push) {
+                           int64_t stage_bf16, int64_t switching, int64_t band_rows, std::string_view transport) {
+  Transport t;
+  if (auto err = parse_transport("kosmos_tn_rs", transport, kAllTransports, &t); !err.empty())
+    return ffi::Error::InvalidArgument(err);
   GroupInfo g;
   int ctrl_slot = -1;
   if (auto err = find_group_slot("kosmos_tn_rs", ordinal, groups, tp, slots, &g, &ctrl_slot); !err.empty())
@@ -181,7 +182,7 @@ static ffi::Error TnRsCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
                                        std::to_string(xd.size()) + ", w rank " + std::to_string(wd.size()) +
                                        ", tp=" + std::to_string(tp));
   const RsArgs a{x.untyped_data(), w.untyped_data(), y->untyped_data(), y->size_bytes(), x.element_type(),
-                 xd[0] / tp, xd[1], wd[1], tp, cu_cap, reducers, stage_bf16, switching, band_rows, push};
+                 xd[0] / tp, xd[1], wd[1], tp, cu_cap, reducers, stage_bf16, switching, band_rows, t};
   return tn_rs_run(stream, ordinal, g, ctrl_slot, a);
 }
 
@@ -200,4 +201,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_tn_rs_cuda, TnRsCuda,
                                   .Attr<int64_t>("stage_bf16")               // 1: bf16 staging (Hopper builders)
                                   .Attr<int64_t>("switching")                // 0: fixed split
                                   .Attr<int64_t>("band_rows")                // tile rows per band (Hopper builders)
-                                  .Attr<int64_t>("push"));                   // 1: push, 2: push_fold (Hopper builders)
+                                  .Attr<std::string_view>("transport"));     // "pull", "push", "push_fold" (Hopper)

@@ -89,11 +89,11 @@ class AgConfig:
       raise ValueError(f"AgConfig: transport={self.transport!r} must be one of {TRANSPORTS}")
 
 
+# The fused ops pass these names as their `transport` string attribute, and the
+# loopback hook takes them too; csrc/fused_run.h parses them (no integer codes).
 TRANSPORTS = ("pull", "push")
 # GEMM+RS also folds: push, and each owner sums its chunk in its builders' epilogues.
 RS_TRANSPORTS = TRANSPORTS + ("push_fold",)
-# The fused ops' `push` attribute for each RS transport (csrc/tn_rs_cuda.cu).
-RS_PUSH_ATTR = {"pull": 0, "push": 1, "push_fold": 2}
 
 # GEMM work per byte moved (N per rank for AG, K per rank for RS) at or below
 # which the larger crew wins (table above).

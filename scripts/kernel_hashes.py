@@ -30,7 +30,11 @@ IN_SHAPES = {
     "ag_nn": lambda tp, r, k, n: [(r, n), (k, n)],
     "bulk_ag_nn": lambda tp, r, k, n: [(r, k), (tp * r, n), (k, n)],
     "bulk_rs_nt": lambda tp, r, k, n: [(tp * r, k), (tp * r, k), (tp * r, n)]}
-ARMS = {"ag_tn": [0, 1], "tn_rs": [0, 1, 2], "ag_nn": [0], "bulk_ag_nn": [0], "bulk_rs_nt": [1]}
+ARMS = {"ag_tn": ["pull", "push"], "tn_rs": ["pull", "push", "push_fold"], "ag_nn": ["pull"],
+        "bulk_ag_nn": ["pull"], "bulk_rs_nt": ["push"]}
+# Each transport's key suffix, t0/t1/t2 as recorded before the transports were
+# named: files from before and after compare key by key.
+KEY = {"pull": "t0", "push": "t1", "push_fold": "t2"}
 SHAPES = {"thin": (1024, 2048, 512), "wide": (512, 1024, 2048)}  # rows per rank, K, N
 
 
@@ -52,12 +56,13 @@ def main(path):
       for sname, (rows, k, n) in SHAPES.items():
         rng = np.random.default_rng(tp * 100 + len(op))
         ins = [[[_rand(rng, sh) for sh in IN_SHAPES[op](tp, rows, k, n)] for _ in range(tp)]]
-        for push in arms:
-          first, mism, _ = loopback.run([op], tp, rows, k, n, ins, cu_cap=sms // tp, calls=2, push=(push,),
-                                       stage_bf16=push == 2)
+        for transport in arms:
+          first, mism, _ = loopback.run([op], tp, rows, k, n, ins, cu_cap=sms // tp, calls=2,
+                                        transports=(transport,), stage_bf16=transport == "push_fold")
           h = hashlib.sha256(b"".join(first[0])).hexdigest()
-          out[f"{op}/tp{tp}/{sname}/t{push}"] = h if not any(mism) else f"MOVED {list(mism)} {h}"
-          print(op, tp, sname, push, out[f"{op}/tp{tp}/{sname}/t{push}"][:16], flush=True)
+          key = f"{op}/tp{tp}/{sname}/{KEY[transport]}"
+          out[key] = h if not any(mism) else f"MOVED {list(mism)} {h}"
+          print(op, tp, sname, transport, out[key][:16], flush=True)
   with open(path, "w") as f:
     json.dump(out, f, indent=1, sort_keys=True)
 

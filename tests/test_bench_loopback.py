@@ -43,16 +43,16 @@ def test_table_states_ratios_and_geomeans():
 def test_arm_knobs_follow_the_ops_defaults_and_modifiers():
   from kosmos_jax import kernel_config as config
   kw = L.arm_knobs("pull", "tn_rs", 6656, 16384)
-  assert kw == dict(push=(0,), knob=config.rs_reducers(6656), stage_bf16=True,
+  assert kw == dict(transports=("pull",), knob=config.rs_reducers(6656), stage_bf16=True,
                     band_rows=config.rs_band_rows(16384, 6656))
   kw = L.arm_knobs("push+fp32+bands4+crew8", "tn_rs", 512, 4096)
-  assert kw == dict(push=(1,), knob=8, stage_bf16=False, band_rows=4)
-  assert L.arm_knobs("push", "ag_tn", 4096, 768) == dict(push=(1,), knob=config.ag_movers(768))
+  assert kw == dict(transports=("push",), knob=8, stage_bf16=False, band_rows=4)
+  assert L.arm_knobs("push", "ag_tn", 4096, 768) == dict(transports=("push",), knob=config.ag_movers(768))
   with pytest.raises(ValueError, match="does not apply to ag_tn"):
     L.arm_knobs("pull+fp32", "ag_tn", 4096, 768)
   with pytest.raises(ValueError, match="must start with pull or push"):
     L.arm_knobs("fast", "ag_tn", 4096, 768)
-  assert L.arm_knobs("push_fold", "tn_rs", 512, 4096)["push"] == (2,)  # RsConfig's push_fold attribute
+  assert L.arm_knobs("push_fold", "tn_rs", 512, 4096)["transports"] == ("push_fold",)  # by name, as the FFI
   with pytest.raises(ValueError, match="push_fold, tn_rs only"):
     L.arm_knobs("push_fold", "ag_tn", 4096, 768)
 
@@ -65,3 +65,14 @@ def test_loopback_without_a_gpu_says_why():
   inputs = [[[np.zeros((128, 64), L.BF16), np.zeros((64, 64), L.BF16)]] * 2]
   with pytest.raises(NotImplementedError, match="GPU|CUDA"):
     loopback.run(["ag_tn"], 2, 128, 64, 64, inputs, cu_cap=4, calls=1)
+
+
+@pytest.mark.parametrize("transports", [(0,), (1, 0), "push"])
+def test_loopback_takes_transport_names_only(transports):
+  # Refused before any GPU is looked for: the integer codes are gone, and a bare
+  # string is not a sequence of names.
+  from kosmos_jax.testing import loopback
+  inputs = [[[np.zeros((128, 64), L.BF16), np.zeros((64, 64), L.BF16)]] * 2]
+  with pytest.raises(ValueError, match=r"transports=.* must be a sequence of transport names \('pull', 'push', "
+                                       r"'push_fold'\)"):
+    loopback.run(["ag_tn"], 2, 128, 64, 64, inputs, cu_cap=4, calls=1, transports=transports)

@@ -57,4 +57,6 @@ def test_defaults_are_valid():
   assert config.AgConfig(movers=0, switching=False).movers == 0
   assert config.AgConfig().transport == "pull" and config.AgConfig(transport="push").transport == "push"
   assert config.RsConfig(transport="push_fold", reducers=0).transport == "push_fold"
-  assert config.RS_PUSH_ATTR == {"pull": 0, "push": 1, "push_fold": 2}  # csrc/tn_rs_cuda.cu's `push` attribute
+  # The names csrc/fused_run.h parses from the `transport` attribute, and only names.
+  assert config.TRANSPORTS == ("pull", "push") and config.RS_TRANSPORTS == ("pull", "push", "push_fold")
+  assert not hasattr(config, "RS_PUSH_ATTR")

@@ -59,7 +59,7 @@ def crew_lowering(op):
 def _ag_tn_lowering(ctx, x, w, *, axis_name, tp, cu_cap, movers, switching, transport):
   return _lower_group_op("ag_tn", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          movers=np.int64(-1 if movers is None else movers), switching=np.int64(switching),
-                         push=np.int64(transport == "push"))
+                         transport=transport)  # by name: a string attribute, parsed once by the handler
 
 
 ag_tn_p.def_abstract_eval(_ag_tn_abstract)
@@ -203,7 +203,7 @@ def _tn_rs_lowering(ctx, x, w, *, axis_name, tp, cu_cap, reducers, stage, switch
   return _lower_group_op("tn_rs", ctx, x, w, axis_name=axis_name, tp=tp, cu_cap=cu_cap,
                          reducers=np.int64(-1 if reducers is None else reducers),
                          stage_bf16=np.int64(stage == "bf16"), switching=np.int64(switching),
-                         band_rows=np.int64(band_rows), push=np.int64(_config.RS_PUSH_ATTR[transport]))
+                         band_rows=np.int64(band_rows), transport=transport)
 
 
 tn_rs_p.def_abstract_eval(_tn_rs_abstract)
@@ -268,6 +268,6 @@ def tn_rs_fused(x, w, *, axis_name, config: RsConfig):
   return y.reshape(*lead, m // tp, w.shape[1])
 
 
-# Selected by impl="fused" / KOSMOS_IMPL=fused only: its portable SIMT builders are
-# far slower than XLA's dot + reduce-scatter until the Hopper engine builds tiles.
+# Not the `auto` default either: measured at TP 2 only (Hopper builders, 1.14x XLA's
+# dot + psum_scatter geomean on 2xH200, 2 of 24 shapes 1-3% slower; benchmarks/RESULTS.md).
 register_fused("tn_rs", tn_rs_fused)

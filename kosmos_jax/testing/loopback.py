@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kosmos_jax import _ext, runtime
+from kosmos_jax.kernel_config import RS_TRANSPORTS
 
 
 def _module():
@@ -17,10 +18,15 @@ def _module():
   return mod
 
 
-def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, push=(0,), knob=-1, switching=True, stage_bf16=False,
-        band_rows=1, heap_mb=256, check=True, ordinal=0, m_local=0):
+def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, transports=("pull",), knob=-1, switching=True,
+        stage_bf16=False, band_rows=1, heap_mb=256, check=True, ordinal=0, m_local=0):
   """Runs `calls` calls; call i runs ops[i % len(ops)] on input set
-  (i // len(ops)) % len(inputs) with transport push[i % len(push)].
+  (i // len(ops)) % len(inputs) with transport transports[i % len(transports)].
+
+  transports: names of kernel_config.RS_TRANSPORTS ("pull", "push", "push_fold"),
+  as the fused ops' `transport` attribute carries them; an op refuses one it lacks
+  (ag_tn has no push_fold, ag_nn only pulls), while the bulk ops run their single
+  transport whatever the name.
 
   inputs[s][r]: the bf16 numpy arrays of rank r in set s, in the order and shapes
   csrc/loopback.h's table gives per op (e.g. ag_tn: x [rows, k], w [k, n]; an
@@ -33,11 +39,21 @@ def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, push=(0,), knob=-1, switc
   batch of a rank's shard (0: one batch); the gathered rows are then laid out
   batch-major, as all_gather_rows over a leading batch dim does.
   """
+  names = _names(transports)
   runtime.init()  # prepares the kernels on every local device
   ins = [[[np.ascontiguousarray(a).tobytes() for a in rank] for rank in s] for s in inputs]
   return _module().loopback_run(
       ordinal, list(ops), tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
-      [int(p) for p in push], calls, heap_mb << 20, ins, int(check), int(m_local))
+      names, calls, heap_mb << 20, ins, int(check), int(m_local))
+
+
+def _names(transports) -> list[str]:
+  # Refused before nanobind's cast, naming the value: a bare string is no list of
+  # names, and callers of the integer codes this took before get told the names.
+  if isinstance(transports, str) or not all(isinstance(t, str) for t in transports):
+    raise ValueError(f"loopback: transports={transports!r} must be a sequence of transport names "
+                     f"{RS_TRANSPORTS}, e.g. ('pull',)")
+  return list(transports)
 
 
 def capture(ops, tp, rows, k, n, inputs, *, cu_cap, cap=4096, warmup=3, ordinal=0, **kw):

@@ -3,9 +3,9 @@ fused call's ranks as concurrent launches on one GPU).
 
 run() builds `sets` input sets of fresh random bf16 data and runs `calls`
 calls with NaN-poisoned outputs: call i runs ops[i % len(ops)] on set
-(i // len(ops)) % sets with transport push[i % len(push)], so consecutive calls
-never see the same inputs, and a mixed ops list shares each rank's heap between
-the kernels. Input j of a set is one random array as long as the longest op's
+(i // len(ops)) % sets with transport transports[i % len(transports)] (names:
+"pull", "push", "push_fold"), so consecutive calls never see the same inputs,
+and a mixed ops list shares each rank's heap between the kernels. Input j of a set is one random array as long as the longest op's
 input j; each op reads its own prefix of it (csrc/loopback.h), so ag_tn reads
 the first rows of a tn_rs x. It returns the first outputs of every (set, op)
 pair, the float64 oracle of each, and how many 16-bit words of every later call
@@ -73,8 +73,8 @@ class Loopback:
   seconds: float
 
 
-def run(ops, tp, rows, k, n, *, cu_cap, calls, sets=2, push=(0,), knob=-1, switching=True, stage_bf16=False,
-        band_rows=1, heap_mb=256, seed=0, ordinal=0, m_local=0) -> Loopback:
+def run(ops, tp, rows, k, n, *, cu_cap, calls, sets=2, transports=("pull",), knob=-1, switching=True,
+        stage_bf16=False, band_rows=1, heap_mb=256, seed=0, ordinal=0, m_local=0) -> Loopback:
   """ops: an op name (csrc/loopback.h's table) or a list of them run in turn;
   m_local: AG ops' rows per batch (0: one batch of `rows`)."""
   ops = [ops] if isinstance(ops, str) else list(ops)
@@ -83,8 +83,8 @@ def run(ops, tp, rows, k, n, *, cu_cap, calls, sets=2, push=(0,), knob=-1, switc
            for j in range(max(len(in_shapes(op, tp, rows, k, n)) for op in ops))]
   flat = [[[(rng.standard_normal(size, np.float32) * 0.5).astype(BF16) for size in sizes] for _ in range(tp)]
           for _ in range(sets)]
-  first, mism, secs = _loopback.run(ops, tp, rows, k, n, flat, cu_cap=cu_cap, calls=calls, push=push, knob=knob,
-                                    switching=switching, stage_bf16=stage_bf16, band_rows=band_rows,
+  first, mism, secs = _loopback.run(ops, tp, rows, k, n, flat, cu_cap=cu_cap, calls=calls, transports=transports,
+                                    knob=knob, switching=switching, stage_bf16=stage_bf16, band_rows=band_rows,
                                     heap_mb=heap_mb, ordinal=ordinal, m_local=m_local)
   outputs, oracles = {}, {}
   for c, ys in enumerate(first):  # call c < sets * len(ops) is the first of its (set, op) pair

@@ -33,7 +33,7 @@ def _engine_runs():
 
 def _check(op, tp, rows, k, n, *, cap=None, calls=6, **kw):
   cap = cap or _sm_count() // tp
-  if ENGINE == "portable" and any(kw.get("push", (0,))):
+  if ENGINE == "portable" and set(kw.get("transports", ("pull",))) != {"pull"}:
     pytest.skip("the push transports need the Hopper builders")
   before = _engine_runs()
   lb = loopback.run(op, tp, rows, k, n, cu_cap=cap, calls=calls, **kw)
@@ -57,53 +57,53 @@ AG_SHAPES = [(512, 1024, 768), (200, 272, 520), (1024, 2048, 2048)]  # (rows per
 RS_SHAPES = [(512, 1024, 768), (256, 272, 520), (1024, 2048, 2048)]  # (rows per chunk, k, n); rows % 128 == 0
 
 
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("transport", ["pull", "push"])
 @pytest.mark.parametrize("shape", AG_SHAPES, ids=str)
-def test_ag_tn_tp2(shape, push):
-  _check("ag_tn", 2, *shape, push=(push,))
+def test_ag_tn_tp2(shape, transport):
+  _check("ag_tn", 2, *shape, transports=(transport,))
 
 
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("transport", ["pull", "push"])
 @pytest.mark.parametrize("shape", RS_SHAPES, ids=str)
-def test_tn_rs_tp2(shape, push):
-  _check("tn_rs", 2, *shape, push=(push,))
+def test_tn_rs_tp2(shape, transport):
+  _check("tn_rs", 2, *shape, transports=(transport,))
 
 
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
 def test_alternating_transports_same_bits(op):
   # 3 sets x 2 transports: every set's later calls run the other transport too,
   # so a zero mismatch count is push == pull, bit for bit.
-  _check(op, 2, 512, 512, 1024, calls=60, sets=3, push=(1, 0))
+  _check(op, 2, 512, 512, 1024, calls=60, sets=3, transports=("push", "pull"))
 
 
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
-def test_grid_of_one_cta_per_rank(op, push):
-  _check(op, 2, 256, 256, 512, cap=1, calls=40, push=(push,))
+@pytest.mark.parametrize("transport", ["pull", "push"])
+def test_grid_of_one_cta_per_rank(op, transport):
+  _check(op, 2, 256, 256, 512, cap=1, calls=40, transports=(transport,))
 
 
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
-def test_back_to_back_200_at_a_cap(op, push):
-  _check(op, 2, 512, 512, 1024, cap=20, calls=200, sets=3, push=(push,))
+@pytest.mark.parametrize("transport", ["pull", "push"])
+def test_back_to_back_200_at_a_cap(op, transport):
+  _check(op, 2, 512, 512, 1024, cap=20, calls=200, sets=3, transports=(transport,))
 
 
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
-def test_fixed_split(op, push):
-  _check(op, 2, 512, 1024, 1024, calls=8, push=(push,), switching=False, knob=4)
+@pytest.mark.parametrize("transport", ["pull", "push"])
+def test_fixed_split(op, transport):
+  _check(op, 2, 512, 1024, 1024, calls=8, transports=(transport,), switching=False, knob=4)
 
 
-@pytest.mark.parametrize("push", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("transport", ["pull", "push"])
 @pytest.mark.parametrize("stage", [(False, 1), (True, 1), (False, 8)], ids=["fp32", "bf16", "bands8"])
-def test_tn_rs_staging_options(stage, push):
-  _check("tn_rs", 2, 1024, 1024, 2048, push=(push,), stage_bf16=stage[0], band_rows=stage[1])
+def test_tn_rs_staging_options(stage, transport):
+  _check("tn_rs", 2, 1024, 1024, 2048, transports=(transport,), stage_bf16=stage[0], band_rows=stage[1])
 
 
 @pytest.mark.parametrize("tp", [4, 8])
 @pytest.mark.parametrize("op", ["ag_tn", "tn_rs"])
 def test_more_ranks_both_transports(op, tp):
-  _check(op, tp, 256, 512, 1024, calls=24, sets=3, push=(1, 0))
+  _check(op, tp, 256, 512, 1024, calls=24, sets=3, transports=("push", "pull"))
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -111,24 +111,24 @@ def test_both_kernels_share_the_heap(tp):
   # AG and RS calls in turn on the same heaps (HeapUse hands the data region from
   # one kernel's readers to the other's writers), transports changing every two
   # calls: 4 x 3 = 12 (set, op, transport) phases, each seen 6 times.
-  _check(["ag_tn", "tn_rs"], tp, 256, 512, 1024, calls=72, sets=3, push=(1, 1, 0, 0))
+  _check(["ag_tn", "tn_rs"], tp, 256, 512, 1024, calls=72, sets=3, transports=("push", "push", "pull", "pull"))
 
 
-# GEMM+RS push_fold (push = 2): no reducers; owners sum their chunk in their
-# builders' epilogues, own chunk last. Same bits as pull and push.
+# GEMM+RS push_fold: no reducers; owners sum their chunk in their builders'
+# epilogues, own chunk last. Same bits as pull and push.
 @pytest.mark.parametrize("shape", RS_SHAPES, ids=str)
 def test_tn_rs_fold_tp2(shape):
-  _check("tn_rs", 2, *shape, push=(2,), stage_bf16=True)
+  _check("tn_rs", 2, *shape, transports=("push_fold",), stage_bf16=True)
 
 
-@pytest.mark.parametrize("other", [0, 1], ids=["pull", "push"])
+@pytest.mark.parametrize("other", ["pull", "push"])
 def test_tn_rs_fold_same_bits(other):
-  _check("tn_rs", 2, 512, 512, 1024, calls=60, sets=3, push=(2, other), stage_bf16=True)
+  _check("tn_rs", 2, 512, 512, 1024, calls=60, sets=3, transports=("push_fold", other), stage_bf16=True)
 
 
 @pytest.mark.parametrize("case", ["cta1", "cap20x200", "bands8", "tp4", "tp8"])
 def test_tn_rs_fold_edges(case):
-  kw = dict(push=(2, 0), stage_bf16=True)
+  kw = dict(transports=("push_fold", "pull"), stage_bf16=True)
   if case == "cta1":
     _check("tn_rs", 2, 256, 256, 512, cap=1, calls=40, **kw)
   elif case == "cap20x200":
@@ -141,7 +141,20 @@ def test_tn_rs_fold_edges(case):
 
 def test_tn_rs_fold_refuses_fp32_staging():
   with pytest.raises(RuntimeError, match="push_fold.*stage='bf16'"):
-    loopback.run("tn_rs", 2, 256, 256, 512, cu_cap=8, calls=2, push=(2,), stage_bf16=False)
+    loopback.run("tn_rs", 2, 256, 256, 512, cu_cap=8, calls=2, transports=("push_fold",), stage_bf16=False)
+
+
+def test_refuses_transports_by_name():
+  # The hook parses each name once, as the handlers parse their `transport`
+  # attribute; an op refuses a transport it lacks, naming the ones it has.
+  with pytest.raises(RuntimeError, match="transport='fold' is not one of 'pull', 'push', 'push_fold'"):
+    loopback.run("tn_rs", 2, 256, 256, 512, cu_cap=8, calls=2, transports=("pull", "fold"))
+  with pytest.raises(RuntimeError, match="kosmos_ag_tn: transport='push_fold' is not supported; the names here "
+                                         "are 'pull' and 'push'"):
+    loopback.run("ag_tn", 2, 256, 256, 512, cu_cap=8, calls=2, transports=("push_fold",))
+  with pytest.raises(RuntimeError, match="kosmos_ag_nn: transport='push' is not supported; the only name here "
+                                         "is 'pull'"):
+    loopback.run("ag_nn", 2, 256, 256, 512, cu_cap=8, calls=2, transports=("push",))
 
 
 def test_refuses_ranks_that_cannot_co_reside():
