@@ -15,9 +15,9 @@ using AgNnCfg = sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>;
 static_assert(AgCfg::kBN == AgNnCfg::kBN, "ag_tn_sm90_tile_n serves both layouts");
 Sm90State g_state[3];  // [0] ag_tn pull, [1] ag_tn push, [2] ag_nn (pull)
 
-template <class Cfg, bool kPush>
+template <class Cfg, class Tr>
 std::string prepare_one(int ordinal, Sm90State& state) {
-  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<Cfg, kPush>), Cfg::kThreads,
+  return prepare_sm90("kosmos_ag_tn", reinterpret_cast<const void*>(&ag_tn_sm90_kernel<Cfg, Tr>), Cfg::kThreads,
                       (int)sm90::SharedStorage<Cfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
                       TimeoutUnit::kAgTnSm90);
 }
@@ -36,9 +36,9 @@ sm90::Params<Cfg> gather_params(const AgParams<bf16_t>& ag) {
 int ag_tn_sm90_tile_n() { return AgCfg::kBN; }
 
 std::string ag_tn_sm90_prepare(int ordinal) {
-  std::string err = prepare_one<AgCfg, false>(ordinal, g_state[0]);
-  if (err.empty()) err = prepare_one<AgCfg, true>(ordinal, g_state[1]);
-  return err.empty() ? prepare_one<AgNnCfg, false>(ordinal, g_state[2]) : err;
+  std::string err = prepare_one<AgCfg, Pull>(ordinal, g_state[0]);
+  if (err.empty()) err = prepare_one<AgCfg, Push>(ordinal, g_state[1]);
+  return err.empty() ? prepare_one<AgNnCfg, Pull>(ordinal, g_state[2]) : err;
 }
 
 bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state[0], ordinal) && sm90_ready(g_state[1], ordinal); }
@@ -49,7 +49,7 @@ cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
   if (ag.shape.push)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
     p.own = sm90::make_operand_tma<AgCfg::kMajorA, typename AgCfg::RingA>(reinterpret_cast<const sm90::bf16*>(ag.x),
                                                                            ag.rows, ag.K, ag.K);
-  const auto kernel = ag.shape.push ? &ag_tn_sm90_kernel<AgCfg, true> : &ag_tn_sm90_kernel<AgCfg, false>;
+  const auto kernel = ag.shape.push ? &ag_tn_sm90_kernel<AgCfg, Push> : &ag_tn_sm90_kernel<AgCfg, Pull>;
   kernel<<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -66,7 +66,7 @@ cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
   if (p.ag.pull_to_out_only)
     p.out = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(Bf(ag.g_out), ag.tp * ag.rows, ag.K,
                                                                               ag.K);
-  ag_tn_sm90_kernel<AgNnCfg, false><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
+  ag_tn_sm90_kernel<AgNnCfg, Pull><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

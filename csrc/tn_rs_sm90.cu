@@ -13,13 +13,13 @@ namespace {
 using RsCfgBf16 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
 using RsCfgF32 = sm90::TileConfig<gemm::Layout::TN, 128, 256, 4, /*SmemEpi=*/false>;
 static_assert(RsCfgBf16::kBN == RsCfgF32::kBN, "one staging tile width for both");
-// [push]: the pull and push kernels of each staging type (tn_rs_sm90_kernel's
-// kPush); g_state_fold: bf16 push with the own chunk folded (kFold).
+// [0] pull, [1] push: the kernels of each staging type (tn_rs_sm90_kernel's
+// transport); g_state_fold: bf16 push with the own chunk folded (kFold).
 Sm90State g_state_f32[2], g_state_bf16[2], g_state_fold;
 
-template <class Cfg, class StageT, bool kPush, bool kFold = false>
+template <class Cfg, class StageT, class Tr, bool kFold = false>
 std::string prepare_one(int ordinal, Sm90State& state) {
-  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<Cfg, StageT, kPush, kFold>),
+  return prepare_sm90("kosmos_tn_rs", reinterpret_cast<const void*>(&tn_rs_sm90_kernel<Cfg, StageT, Tr, kFold>),
                       Cfg::kThreads, (int)sm90::SharedStorage<Cfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
                       TimeoutUnit::kTnRsSm90);
 }
@@ -29,11 +29,11 @@ std::string prepare_one(int ordinal, Sm90State& state) {
 int tn_rs_sm90_tile_n() { return RsCfgBf16::kBN; }
 
 std::string tn_rs_sm90_prepare(int ordinal) {
-  std::string err = prepare_one<RsCfgF32, float, false>(ordinal, g_state_f32[0]);
-  if (err.empty()) err = prepare_one<RsCfgF32, float, true>(ordinal, g_state_f32[1]);
-  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, false>(ordinal, g_state_bf16[0]);
-  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, true>(ordinal, g_state_bf16[1]);
-  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, true, true>(ordinal, g_state_fold);
+  std::string err = prepare_one<RsCfgF32, float, Pull>(ordinal, g_state_f32[0]);
+  if (err.empty()) err = prepare_one<RsCfgF32, float, Push>(ordinal, g_state_f32[1]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, Pull>(ordinal, g_state_bf16[0]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, Push>(ordinal, g_state_bf16[1]);
+  if (err.empty()) err = prepare_one<RsCfgBf16, bf16_t, Push, true>(ordinal, g_state_fold);
   return err;
 }
 
@@ -55,9 +55,9 @@ cudaError_t launch(const RsParams<bf16_t>& rs, int grid, cudaStream_t stream) {
       p.stage_map[r] = sm90::make_output_tma<Cfg>(rs.heap[r] + kHeapDataOffset, slot_rows, rs.tile_n, rs.tile_n);
     p.y_map = sm90::make_output_tma<Cfg>(rs.y, rs.rows, rs.N, rs.N);
   }
-  auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, true> : &tn_rs_sm90_kernel<Cfg, StageT, false>;
+  auto kernel = rs.shape.push ? &tn_rs_sm90_kernel<Cfg, StageT, Push> : &tn_rs_sm90_kernel<Cfg, StageT, Pull>;
   if constexpr (sizeof(StageT) == 2) {
-    if (rs.shape.fold) kernel = &tn_rs_sm90_kernel<Cfg, StageT, true, true>;
+    if (rs.shape.fold) kernel = &tn_rs_sm90_kernel<Cfg, StageT, Push, true>;
   }
   kernel<<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();

@@ -19,6 +19,8 @@
 // tp == 1 there are no slots and A is x itself.
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
+#include "kosmos/pull.h"
+#include "kosmos/push.h"
 #include "tp/ag_gemm.cuh"
 
 namespace kosmos {
@@ -52,12 +54,13 @@ struct AgSm90Sched {
 // By value, not a pointer into the kernel parameters: the epilogue stores through
 // row_ptr, and a pointer the compiler must assume those stores may alias would
 // reload every field (and redo the divisions) per stored element pair.
-// kPush: AgShape::push at compile time (a push's release is on the peer).
+// Tr: the transport (kosmos/pull.h, kosmos/push.h; AgShape::push at compile
+// time): where peer rows land and how a builder waits for them.
 // kOwnFromX: the own shard's tiles read x itself (a_source), so no builder
 // waits for its own rows: push, where nothing is published, and ag_nn, whose
 // pull movers still publish (for the peers and the gathered output) while the
 // own tiles build. (Under ag_tn's pull the own tiles wait for the publish.)
-template <class Cfg, bool kPush, bool kOwnFromX = kPush>
+template <class Cfg, class Tr, bool kOwnFromX = Tr::kPush>
 struct AgSm90Hooks {
   static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX;
   using TmaA = typename sm90::Params<Cfg>::TmaA;
@@ -71,9 +74,9 @@ struct AgSm90Hooks {
 
   // Producer thread, before the tile's first TMA load: its rows must have been
   // published (own shard), pulled or pushed by the peer (peer shard) in this
-  // epoch. Those were generic-proxy stores, so the acquire is followed by a
-  // proxy fence. Push: system scope, since the rows' writer and its release are
-  // on the peer; pull: the puller and the publisher's release are ours (GPU scope).
+  // epoch, generic-proxy stores the transport's wait acquires and fences to the
+  // async proxy (push: at system scope, the rows' writer and its release are on
+  // the peer; pull: the puller and the publisher's release are ours).
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     if (tp == 1) return;
     const int src = t.m / T, tr = t.m % T;
@@ -81,10 +84,9 @@ struct AgSm90Hooks {
     if (kOwnFromX && own) return;  // x, complete before the launch (stream order)
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
     const TraceSpan wait;
-    wait_ge<kPush ? Scope::kSys : Scope::kGpu>(
+    Tr::wait_landed_for_tma(
         flag, epoch, timeout_ns, {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
-    gemm::async_proxy_fence();
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
@@ -120,7 +122,7 @@ struct AgSm90Hooks {
   }
 };
 
-template <class Cfg, bool kPush>
+template <class Cfg, class Tr>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __grid_constant__ AgSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "moves and builds share the 128-row tile row");
   extern __shared__ char smem_raw[];
@@ -130,14 +132,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   // An NN engine is ag_nn's (dX = AG(dY) @ w.T): its movers also return the gathered rows.
   constexpr AgOp kOp = Cfg::kLayout == gemm::Layout::NN ? AgOp::kNn : AgOp::kTn;
-  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, kPush, kOp> {
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, Tr::kPush, kOp> {
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
       const TraceSpan span;
       AgSm90Sched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      using Hooks = AgSm90Hooks<Cfg, kPush, kPush || kOp == AgOp::kNn>;
+      using Hooks = AgSm90Hooks<Cfg, Tr, Tr::kPush || kOp == AgOp::kNn>;
       Hooks hooks{&pp.own, a.pull_to_out_only ? &pp.out : nullptr, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
                   a.shape.T, a.rows, a.m_local, a.N, a.trace};
       sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g, s, sched, hooks);

@@ -22,6 +22,8 @@
 #include <type_traits>
 
 #include "gemm/sm90/tile_engine.cuh"
+#include "kosmos/pull.h"
+#include "kosmos/push.h"
 #include "tp/gemm_rs.cuh"
 
 namespace kosmos {
@@ -64,15 +66,16 @@ struct RsSm90Sched {
 // By value (see AgSm90Hooks): the epilogue stores through row_ptr. A peer's
 // heap (push only) is looked up in the kernel parameters (`rs`, __grid_constant__,
 // so no local copy): per-rank arrays held here would live in local memory.
-// kPush is RsShape::push as a compile-time constant: the pull kernel keeps the
-// register budget it had before push existed (its producer thread has 40).
-// kFold (RsShape::fold, with kPush and bf16 staging): own-chunk tiles are
+// Tr is the transport (kosmos/pull.h, kosmos/push.h; RsShape::push at compile
+// time: the pull kernel compiles no push code, which keeps the register budget
+// of its producer thread, 40). Tr::home names the rank whose staging holds a
+// partial. kFold (RsShape::fold, with Push and bf16 staging): own-chunk tiles are
 // combined with the peers' partials in the epilogue and go straight to Y.
-template <class Cfg, class StageT, bool kPush, bool kFold = false>
+template <class Cfg, class StageT, class Tr, bool kFold = false>
 struct RsSm90Hooks {
   static constexpr bool kTileDone = true, kMapsRows = true, kCombines = kFold, kPrefetchCombine = kFold;
   static constexpr bool kStoreBoxes = sizeof(StageT) == 2;  // bf16 partials leave by TMA store (store_box)
-  static_assert(!kFold || (kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
+  static_assert(!kFold || (Tr::kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
   using TmaC = typename RsSm90Params<Cfg>::TmaC;
   const RsParams<bf16_t>* rs;
   const RsSm90Params<Cfg>* maps;  // the kernel parameters (stage_map, y_map: TMA reads them there)
@@ -96,7 +99,7 @@ struct RsSm90Hooks {
   // come after its mainloop, which those loads feed.
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     const int chunk = t.m / s.T;
-    if (!kPush || chunk == rank || (ready_seen >> chunk & 1u)) return;
+    if (!Tr::kPush || chunk == rank || (ready_seen >> chunk & 1u)) return;
     wait_ge<Scope::kSys>(&ctrl->ready[chunk], epoch, timeout_ns, {"tn_rs_sm90", rank, (int)blockIdx.x, "peer_ready",
                                                                   chunk});
     ready_seen |= 1u << chunk;
@@ -110,7 +113,7 @@ struct RsSm90Hooks {
   };
   KOSMOS_DEVICE Slot slot_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    const RsStaged h = rs_staged(kPush, rank, chunk);
+    const RsStaged h = rs_staged(Tr::kPush, rank, chunk);
     return {h.home, rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n))};
   }
   KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
@@ -218,12 +221,12 @@ struct RsSm90Hooks {
     if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 !=
         (uint32_t)rs_band_tiles(s, band))
       return;
-    const RsStaged h = rs_staged(kPush, rank, chunk);
+    const RsStaged h = rs_staged(Tr::kPush, rank, chunk);
     store_release<Scope::kSys>(&ctrl_at(h.home)->pub[rs_flag_index(band, h.pos)], epoch);
   }
 };
 
-template <class Cfg, class StageT, bool kPush, bool kFold>
+template <class Cfg, class StageT, class Tr, bool kFold>
 struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
@@ -233,7 +236,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   // The schedule asks whenever RsShape::push is set; the pull kernel compiles
   // none of it (the wait and the remote stores cost it spills otherwise).
   KOSMOS_DEVICE void announce_ready() {
-    if constexpr (kPush) RsDeviceOps<bf16_t, RsSm90Shared>::announce_ready();
+    if constexpr (Tr::kPush) RsDeviceOps<bf16_t, RsSm90Shared>::announce_ready();
   }
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
@@ -242,7 +245,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     this->guard_data();
     const RsParams<bf16_t>& a = this->p;
     RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
-    using Hooks = RsSm90Hooks<Cfg, StageT, kPush, kFold>;
+    using Hooks = RsSm90Hooks<Cfg, StageT, Tr, kFold>;
     Hooks hooks{&a, &pp, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows, a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
     sm90::TileEngine<Cfg, EngineOut, Hooks>::run(pp.g, s, sched, hooks);
@@ -284,7 +287,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
       const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
       // Rank src's partial of this tile (pull: in src's staging; push: pushed into ours).
       auto partial = [&](int src) {
-        const RsStaged h = rs_staged(kPush, src, a.rank);
+        const RsStaged h = rs_staged(Tr::kPush, src, a.rank);
         return tile(h.home, rs_stage_slot(sh, sl.band, h.pos, k));
       };
       for (int base = threadIdx.x; base < groups; base += step) {
@@ -350,7 +353,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   }
 };
 
-template <class Cfg, class StageT, bool kPush, bool kFold = false>
+template <class Cfg, class StageT, class Tr, bool kFold = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
@@ -358,7 +361,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  RsSm90Ops<Cfg, StageT, kPush, kFold> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  RsSm90Ops<Cfg, StageT, Tr, kFold> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
   rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 
