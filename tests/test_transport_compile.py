@@ -1,6 +1,6 @@
 """Compile check of the transport benchmark (no GPU needed): its device code is the
-fused kernels' transport (kosmos/transport.h) and the TMA-unit copy
-(kosmos/transport_bulk.cuh), which only a GPU run would otherwise compile.
+fused kernels' transport (kosmos/transport.h), which only a GPU run would otherwise
+compile for the benchmark.
 CI sets KOSMOS_REQUIRE_SM90_CHECK=1, so a missing nvcc fails there instead of
 skipping."""
 import os

@@ -1,14 +1,13 @@
 // GPU-to-GPU transport benchmark over kernels/include/kosmos/transport.h: the same
 // cta_copy16 the fused kernels use, timed as push (local -> peer), pull (peer ->
-// local), both directions at once, the same through the TMA unit
-// (transport_bulk.cuh: how few CTAs fill a link), and an N-GPU all-to-all fan-out in
+// local), both directions at once, and an N-GPU all-to-all fan-out in
 // destination-minor vs destination-major item order (DESIGN.md §5: A2A pushes are
 // destination-minor). Peer access is enabled between every pair (never NVLS).
 //
 // Usage: transport_bench [--gpus N] [--mib 1024] [--reps 7] [--threads 512] [--local 1]
 // Prints markdown tables: GB/s = bytes moved / median event time of `reps` runs.
-// --local 1 (one GPU is enough): both copies between two buffers of GPU 0, so
-// what one CTA of each copy moves when the link is not the limit (HBM is: a
+// --local 1 (one GPU is enough): the copy between two buffers of GPU 0, so
+// what one CTA moves when the link is not the limit (HBM is: a
 // copy reads and writes each byte, so ~half of HBM's bandwidth is the ceiling).
 #include <cuda_runtime.h>
 
@@ -20,7 +19,6 @@
 #include <vector>
 
 #include "kosmos/transport.h"
-#include "kosmos/transport_bulk.cuh"
 
 #define CK(call)                                                                                  \
   do {                                                                                            \
@@ -72,16 +70,6 @@ __global__ void __launch_bounds__(1024) pair_copy(char* dst, const char* src, si
   const size_t chunk = (bytes / gridDim.x + 15) / 16 * 16;
   const size_t off = chunk * blockIdx.x;
   if (off < bytes) kosmos::cta_copy16<InFlight>(dst + off, src + off, (chunk < bytes - off ? chunk : bytes - off));
-}
-
-// The same split over CTAs, each copying through the TMA unit (transport_bulk.cuh).
-template <int Slots>
-__global__ void __launch_bounds__(32) pair_copy_bulk(char* dst, const char* src, size_t bytes) {
-  extern __shared__ __align__(128) char ring[];  // Slots x kBulkChunk
-  __shared__ uint64_t bars[Slots];
-  const size_t chunk = (bytes / gridDim.x + 15) / 16 * 16;
-  const size_t off = chunk * blockIdx.x;
-  if (off < bytes) kosmos::cta_copy_bulk<Slots>(dst + off, src + off, (chunk < bytes - off ? chunk : bytes - off), ring, bars);
 }
 
 struct FanOut {
@@ -209,41 +197,6 @@ void pair_row(std::vector<Gpu>& g, const Opts& o, int ctas) {
               gbps(n, pull[0]), gbps(n, both[0]), gbps(n, both[1]));
 }
 
-template <int Slots>
-void launch_pair_bulk(Gpu& run_on, char* dst, const char* src, size_t bytes, int ctas) {
-  constexpr int smem = Slots * (int)kosmos::kBulkChunk;
-  static bool ready[kMaxGpus] = {};
-  int dev = 0;
-  CK(cudaGetDevice(&dev));
-  if (!ready[dev]) {  // function attributes are per device
-    CK(cudaFuncSetAttribute(pair_copy_bulk<Slots>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    ready[dev] = true;
-  }
-  pair_copy_bulk<Slots><<<ctas, 32, smem, run_on.stream>>>(dst, src, bytes);
-}
-
-// Push and pull between GPU 0 and GPU 1 through the TMA unit: one thread per CTA.
-template <int Slots>
-void bulk_row(std::vector<Gpu>& g, const Opts& o, int ctas) {
-  const size_t n = o.bytes;
-  auto push = time_all(g, {0}, o.reps, [&](int) { launch_pair_bulk<Slots>(g[0], g[1].dst, g[0].src, n, ctas); });
-  verify(1, g[1].dst, n, 0, "bulk push 0->1");
-  auto pull = time_all(g, {0}, o.reps, [&](int) { launch_pair_bulk<Slots>(g[0], g[0].dst, g[1].src, n, ctas); });
-  verify(0, g[0].dst, n, 1, "bulk pull 1->0");
-  auto both = time_all(g, {0, 1}, o.reps, [&](int d) { launch_pair_bulk<Slots>(g[d], g[1 - d].dst, g[d].src, n, ctas); });
-  std::printf("| %d | %d | %.0f | %.0f | %.0f / %.0f |\n", ctas, Slots, gbps(n, push[0]), gbps(n, pull[0]),
-              gbps(n, both[0]), gbps(n, both[1]));
-}
-
-void bulk_rows(std::vector<Gpu>& g, const Opts& o) {
-  std::printf("\n### TMA bulk copies (kosmos/transport_bulk.cuh), %u KiB chunks, 1 thread per CTA drives\n\n",
-              kosmos::kBulkChunk >> 10);
-  std::printf("| CTAs | chunks in the ring | push 0->1 GB/s | pull 1->0 GB/s | both at once GB/s (0->1 / 1->0) |\n");
-  std::printf("| --- | --- | --- | --- | --- |\n");
-  for (int ctas : {1, 2, 4, 8, 16}) bulk_row<4>(g, o, ctas);
-  for (int ctas : {1, 2, 4, 8}) bulk_row<8>(g, o, ctas);
-}
-
 void copy_engine_row(std::vector<Gpu>& g, const Opts& o) {
   auto ce = time_all(g, {0}, o.reps, [&](int) { CK(cudaMemcpyPeerAsync(g[1].dst, 1, g[0].src, 0, o.bytes, g[0].stream)); });
   std::printf("\ncopy engine (cudaMemcpyPeerAsync 0->1, %zu MiB): %.0f GB/s\n", o.bytes >> 20, gbps(o.bytes, ce[0]));
@@ -274,7 +227,7 @@ void fan_out_rows(std::vector<Gpu>& g, const Opts& o, int gpus) {
   if (gpus == 2) verify(0, g[0].dst + pp, pp, 1, "fan-out 1->0");
 }
 
-// GPU 0 only: cta_copy16 and the TMA-unit copy between two of its buffers.
+// GPU 0 only: cta_copy16 between two of its buffers.
 void local_rows(const Opts& o) {
   auto g = setup(o, 1);
   const size_t n = o.bytes;
@@ -287,8 +240,6 @@ void local_rows(const Opts& o) {
   };
   for (int ctas : {1, 2, 4, 8, 16, 32}) {
     row(ctas, "cta_copy16, 8 in flight", [&](int c) { launch_pair<8>(g[0], g[0].dst, g[0].src, n, c, o.threads); });
-    row(ctas, "bulk, 4 x 16 KiB", [&](int c) { launch_pair_bulk<4>(g[0], g[0].dst, g[0].src, n, c); });
-    row(ctas, "bulk, 8 x 16 KiB", [&](int c) { launch_pair_bulk<8>(g[0], g[0].dst, g[0].src, n, c); });
   }
 }
 
@@ -322,7 +273,6 @@ int main(int argc, char** argv) {
   for (int ctas : {1, 2, 4, 8, 12, 16, 24, 32}) pair_row<kosmos::kInFlight>(g, o, ctas);
   for (int ctas : {4, 8, 12, 16}) pair_row<8>(g, o, ctas);
   copy_engine_row(g, o);
-  bulk_rows(g, o);
   fan_out_rows(g, o, gpus);
   std::printf("\nTRANSPORT_BENCH_OK\n");
   return 0;
