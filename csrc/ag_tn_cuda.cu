@@ -131,10 +131,10 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument(name + ": the gathered input is not 16-byte aligned");
   const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
   int mv = a.movers < 0 ? default_movers(grid, (int)tp) : (int)(a.movers > grid ? grid : a.movers);
-  if (sm90 && tp > 1 && mv < 1) mv = 1;  // Hopper builders never move (tp/ag_gemm_sm90.cuh)
-  if (!a.switching) {  // a fixed split keeps at least one builder (and, for Hopper builders, one mover)
-    if (grid < 2 && (sm90 && tp > 1))
-      return ffi::Error::InvalidArgument(name + ": switching=False with Hopper builders needs at least 2 CTAs "
+  if (tp > 1 && mv < 1) mv = 1;  // builders never move (tp/ag_sched.h ag_cta)
+  if (!a.switching) {  // a fixed split keeps at least one builder (and, with peers, one mover)
+    if (grid < 2 && tp > 1)
+      return ffi::Error::InvalidArgument(name + ": switching=False needs at least 2 CTAs "
                                          "(a mover and a builder); got a grid of " + std::to_string(grid));
     if (mv > grid - 1) mv = grid - 1;
   }

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "gemm/portable/tile_gemm.cuh"
+#include "gemm/portable/tile_engine.cuh"
 #include "launch.h"
 #include "runtime.h"
 

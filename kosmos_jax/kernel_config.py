@@ -46,9 +46,8 @@ class AgConfig:
   and ops.bulk_rs_nt (`ag_config=` of the tp linears and nn modules).
 
   cu_cap: at most this many CTAs (= SMs), None for all SMs (paper §3.1.2).
-  movers: CTAs that start as movers; None = ag_movers(n); 0 = all builders
-    (portable builders then move the rows they need themselves; Hopper builders
-    never move, so there at least one CTA starts as a mover).
+  movers: CTAs that start as movers; None = ag_movers(n). Builders never move,
+    so with peers at least one CTA starts as a mover (0 runs as 1).
   switching: True (default): a mover whose queue is empty builds (paper §3.1).
     False: a fixed split, to measure what switching buys; movers stop when their
     queue is empty and at least one CTA stays a builder.

@@ -27,8 +27,8 @@ per CTA plus each wait for a tile's rows (tile = engine tile row); Hopper RS
 builders four spans per tile (mainloop = build, retiring the previous tile's
 copies and staging = wait, push_fold's combine = reduce, issuing the copies =
 idle; tile = engine tile row << 12 | column) plus the fold's waits for a band;
-portable builders one build span per tile; reducers one span per slice and their
-waits.
+portable builders one build span per CTA (AG's plus each wait for a tile's rows,
+tile = engine tile row); reducers one span per slice and their waits.
 
 Clocks of different GPUs are not synchronised exactly (%globaltimer is per
 device), so spans of different ranks line up only to within their clock skew;

@@ -1,8 +1,9 @@
 """Host emulation of the AG+GEMM scheduler (DESIGN.md §6): the device headers'
-queue, flag, role and schedule code compiled with the host C++ compiler and run by
-N ranks x W threads with random delays (W = 1 included). The driver,
-tests/host/ag_sched_emu.cc, checks exactly-once moves and builds, no stale or
-overwritten rows, waits only on claimed work, and no deadlock (bounded waits)."""
+queue, flag, role and schedule code (kernels/tp/ag_sched.h, the one CTA life
+ag_cta) compiled with the host C++ compiler and run by N ranks x W threads with
+random delays (W = 1 included), with the launchers' mover rule and either
+engine's builders. The driver, tests/host/ag_sched_emu.cc, checks exactly-once
+moves and builds, no stale or overwritten rows, and no deadlock (bounded waits)."""
 import subprocess
 
 import pytest

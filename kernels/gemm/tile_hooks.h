@@ -1,36 +1,55 @@
-// The points where a fused kernel plugs into a tile engine. Both engines call
-// the same hooks at the same moments, so a fused kernel written against the
-// portable engine runs unchanged on the Hopper one.
+// The points where a fused kernel plugs into a tile engine. Both engines
+// (gemm/portable/tile_engine.cuh, gemm/sm90/tile_engine.cuh) have
+// run(problem, smem, sched, hooks): every thread of the CTA calls it; one
+// claiming thread (portable: thread 0; Hopper: the producer thread) calls
+// sched.next(t) for each tile until it returns false, and both engines call
+// the hooks below at the same moments with the same meaning. So a fused op
+// has one schedule, one CTA life and one hooks design for both engines; its
+// hooks differ only where an engine names memory its own way (a_source: a
+// TMA descriptor or a pointer) and in the Hopper epilogue's extra hooks,
+// which the portable engine refuses at compile time.
 //
-//  before_tile(t)      the claiming thread, before the first load of tile t.
-//                      Fused kernels wait here for the rows of A (or B) that the
-//                      tile reads (acquire), e.g. AG chunks delivered by movers.
+//  before_tile(t)      the claiming thread, before the first load of tile t
+//                      (portable: a CTA barrier then orders every thread's
+//                      loads after it). Fused kernels wait here for the rows
+//                      of A (or B) that the tile reads (acquire), e.g. AG
+//                      chunks delivered by movers.
 //  before_k(t, k0)     the same thread, before loading k-block [k0, k0 + BK).
 //                      For producers whose contraction rows arrive in pieces
 //                      (wgrad over gathered tokens).
 //  tile_done(t)        one thread, after every thread has stored tile t and
 //                      the stores are complete. Fused kernels release the
-//                      tile's flag here (GEMM+RS). The Hopper engine's staged
-//                      epilogue calls it one tile late (after the CTA's next
-//                      mainloop, or before the engine returns), and from a
-//                      publisher thread of its own (lane 0 of producer warp 1,
-//                      on the producer's register budget), so a tile's loads
-//                      must never wait on this CTA's earlier tile_done.
-//  row_ptr<OutT>(t, r) (Hopper epilogue, when kMapsRows) where row r of the
-//                      engine's C goes: element (r, c) is stored at
-//                      row_ptr(t, r)[c], nullptr skips the row. Fused kernels
-//                      scatter gathered rows (AG) or stage whole tiles (RS).
+//                      tile's flag here (GEMM+RS). The portable engine calls
+//                      it on thread 0 right after the tile (its stores, then a
+//                      CTA barrier). The Hopper engine's staged epilogue calls
+//                      it one tile late (after the CTA's next mainloop, or
+//                      before the engine returns), and from a publisher thread
+//                      of its own (lane 0 of producer warp 1, on the producer's
+//                      register budget), so a tile's loads must never wait on
+//                      this CTA's earlier tile_done.
+//  row_ptr<OutT>(t, r) (both engines' epilogues, when kMapsRows) where row r
+//                      of the engine's C goes: element (r, c) (the engine's row
+//                      and column; columns stop at the Problem's N) is stored
+//                      at row_ptr(t, r)[c], nullptr skips the row. Fused
+//                      kernels scatter gathered rows (AG) or stage whole tiles
+//                      (RS, the portable engine's in fp32).
 //  store_box(t)        (Hopper staged epilogue, when kMapsRows and kStoreBoxes)
 //                      where tile t leaves by TMA store instead of row_ptr's rows:
 //                      an sm90::StoreBox (a TMA descriptor in parameter space over
 //                      a row-major bf16 matrix, the tile's row and first column
 //                      in it). Hooks without kMapsRows store C through the
 //                      engine's own descriptor (Params::tma_c).
-//  a_source(t, &rows, &tile_m)  (Hopper engine, when kSplitA) the claiming thread,
-//                      before tile t's loads: a pointer to another A's TMA descriptor
-//                      (parameter space) for tile t, with that A's row count and
-//                      the tile's row in it; nullptr reads the Problem's A. AG+GEMM
-//                      under push reads its own shard straight from x this way.
+//  a_source(t, &rows, &tile_m)  (when kSplitA) before tile t's loads, another A
+//                      for tile t, with that A's row count (rows past it read as
+//                      zeros) and the tile's row in it; nullptr reads the
+//                      Problem's A. Hopper: the claiming thread, a pointer to
+//                      that A's TMA descriptor (parameter space). Portable:
+//                      every thread (so a pure function of t), a pointer to
+//                      that A's elements in the Problem's A major, read L2-only
+//                      (movers and peers write it during the launch). AG+GEMM
+//                      reads its own shard straight from x this way (Hopper:
+//                      under push and for ag_nn), and the portable builders
+//                      every shard's rows and GEMM+RS's chunks.
 //  combines(t), before_combine(t), combine_terms(t), combine_own(t),
 //  combine_src(t, term)  (Hopper engine's staged epilogue, when kCombines) for
 //                      the tiles where combines(t) is true, the tile leaves as

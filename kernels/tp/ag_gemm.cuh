@@ -3,249 +3,112 @@
 // read transposed, the gathered rows also returned) and, with builders that
 // wait for nothing, the bulk gather beside the column-parallel dgrad
 // (tp/bulk_ag.cuh). Movers pull peers' tile rows into this rank's gather slots
-// and release a per-row flag; builders run the local shard first, then peer tiles
-// in the order they are pulled; a mover with no moves left becomes a builder; a
-// builder whose rows nobody claimed pulls them itself (kernels/tp/ag_sched.h).
-// The Hopper life (ag_gemm_sm90.cuh) may instead push: movers write their own
-// rows into the peers' slots (AgShape::push; announce_ready, push below).
+// and release a per-row flag; builders run the local shard first, then peer
+// tiles in the order they are pulled, waiting for each tile's rows in the tile
+// engine's before_tile; a mover with no moves left becomes a builder, a builder
+// never moves (the one CTA life, tp/ag_sched.h ag_cta). The movers and the
+// build claims are tp/ag_ops.cuh; this file has the portable builders (the
+// portable tile engine with AgHooks); ag_gemm_sm90.cuh has the Hopper ones,
+// which may also push: movers write their own rows into the peers' slots
+// (AgShape::push; AgDeviceOps::announce_ready, push).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-#include "gemm/portable/tile_gemm.cuh"
-#include "kosmos/cta.h"
+#include "gemm/portable/tile_engine.cuh"
+#include "gemm/tile_hooks.h"
 #include "kosmos/platform.h"
-#include "kosmos/queue.h"
+#include "kosmos/pull.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
-#include "kosmos/transport.h"
 #include "tp/ag_layout.h"
+#include "tp/ag_ops.cuh"
 #include "tp/ag_sched.h"
-#include "tp/heap_use.cuh"
 
 namespace kosmos {
 
-template <typename T>
-struct AgParams {
-  const T* x;  // [batch * m_local, K] local shard
-  const T* w;  // [K, N] (ag_tn), [N, K] (ag_nn: dX = dY @ w.T)
-  T* y;        // [batch, tp * m_local, N]
-  // [batch, tp * m_local, K]: every shard's rows as all_gather_rows(x) lays
-  // them out, written by the movers (AgOp::kNn's gathered dY, kBulk's X).
-  T* g_out;
-  // Pulled rows land in g_out only, where the builders read them (the Hopper
-  // ag_nn, when every shard's tile rows are whole tile rows of g_out: m_local %
-  // kBM == 0); otherwise in this rank's gather slot too.
-  bool pull_to_out_only;
-  char* heap[kMaxRanks];  // every rank's heap base, mapped here
-  int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
-  int K, N;
-  AgShape shape;
-  int movers;
-  int switching;  // 0: movers stop when their queue is empty (fixed split; movers <= grid - 1)
-  size_t ctrl_off;    // this group's control block: ag_ctrl_offset(slot), same on every rank
-  size_t slot_bytes;  // bytes per rank slot in the gather region
-  uint64_t timeout_ns;
-  TraceBuf trace;     // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
-};
-
+// The portable kernels' shared state: the engine's, and the claims' broadcast cell.
 struct AgShared {
-  portable::TileSmem tile;
+  portable::EngineSmem tile;
   int bcast;
 };
 
-// Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
-// the portable build(), `portable::TileSmem tile`. kPush: AgShape::push at
-// compile time (the Hopper push kernel); without it no push code is compiled,
-// which keeps the pull kernels' registers as they were.
-// Which op the movers and builders serve. kTn: ag_tn, Y = AG(x) @ w. kNn:
-// ag_nn, dX = AG(dY) @ w.T (w [N, K]), the gathered rows also land in g_out.
-// kBulk: bulk_ag_nn's gather, whose rows land in g_out only (its builders read
-// none of them, tp/bulk_ag.cuh). Compile-time, so ag_tn's kernels compile none
-// of the gathered output's code.
-enum class AgOp { kTn, kNn, kBulk };
+// The portable builders' hooks (gemm/tile_hooks.h). Engine tile row m = src *
+// T + t reads shard src's tile row t (a_source): our own from x, complete
+// before the launch, so own tiles wait for nothing; a peer's from the slot our
+// movers pull it into. Its rows go to the gathered rows of Y (row_ptr; rows
+// past the shard's end are neither read nor stored). By value, as AgSm90Hooks.
+template <typename Elem>
+struct AgHooks {
+  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = true;
+  const Elem* x;            // [rows, K]: our shard
+  const char* gather;       // this rank's gather region: shard src's [rows, K] at src * slot_bytes
+  size_t slot_bytes;
+  Elem* y;                  // [batch, tp * m_local, N]
+  const uint64_t* arrived;  // our AgCtrl::arrived, [src][t]
+  uint64_t epoch, timeout_ns;
+  int rank, tp, T, rows, m_local, N;
+  TraceBuf trace;
 
-template <typename T, class Shared = AgShared, bool kPush = false, AgOp kOp = AgOp::kTn>
-struct AgDeviceOps {
-  const AgParams<T>& p;
-  Shared& sm;
-  AgCtrl* ctrl;
-  uint64_t epoch;
-  bool peers_done;  // this CTA has seen the data region's last readers finish
-
-  KOSMOS_DEVICE AgCtrl* ctrl_of(int r) const { return reinterpret_cast<AgCtrl*>(p.heap[r] + p.ctrl_off); }
-  KOSMOS_DEVICE char* slot(int r, int src) const { return p.heap[r] + kHeapDataOffset + (size_t)src * p.slot_bytes; }
-  KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"ag_tn", p.rank, (int)blockIdx.x, flag, i}; }
-
-  KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
-  KOSMOS_DEVICE int claim_move() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claim() : 0); }
-  KOSMOS_DEVICE int claim_build() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->build_next, 0}.claim() : 0); }
-  KOSMOS_DEVICE bool move_claimed(int q) {
-    return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claimed((uint32_t)q) : 0);
+  // Thread 0, before the tile's first load: a peer tile's rows have landed
+  // this epoch. Our movers pulled them and released arrived[] (Pull::kLanded);
+  // the engine's barrier after this orders every thread's (generic-proxy)
+  // loads behind the acquire. ag_cta argues why the pull is claimed, or will
+  // be, by a running mover that waits on nothing a builder does.
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
+    const int src = t.m / T, tr = t.m - src * T;
+    if (src == rank) return;
+    const TraceSpan wait;
+    wait_ge<Pull::kLanded>(&arrived[src * kMaxTileRows + tr], epoch, timeout_ns,
+                           {"ag_tn", rank, (int)blockIdx.x, "arrived", src * kMaxTileRows + tr});
+    wait.close(trace, blockIdx.x, kTraceWait, t.m);
   }
-  KOSMOS_DEVICE uint64_t* arrived_flag(int q) {
-    const AgMove m = ag_move_item(p.shape, q);
-    return &ctrl->arrived[m.src * kMaxTileRows + m.t];
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
+  KOSMOS_DEVICE const Elem* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
+    const int src = t.m / T;
+    *a_rows = rows;
+    *tile_m = t.m - src * T;
+    return src == rank ? x : reinterpret_cast<const Elem*>(gather + (size_t)src * slot_bytes);
   }
-  KOSMOS_DEVICE bool arrived(int q) {
-    return bcast(threadIdx.x == 0 ? (int)(load_acquire<Scope::kGpu>(arrived_flag(q)) >= epoch) : 0);
+  // Engine row r (shard src, flattened local row lr) goes to row
+  // (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of Y.
+  template <class OutT>
+  KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
+    const int src = t.m / T;
+    const int lr = r - src * T * portable::kBM;
+    if (lr >= rows) return nullptr;
+    const int b = lr / m_local;
+    const size_t row = ((size_t)b * tp + src) * m_local + (lr - b * m_local);
+    return reinterpret_cast<OutT*>(y) + row * N;
   }
-  KOSMOS_DEVICE void wait_arrived(int q) {
-    if (threadIdx.x == 0) wait_ge<Scope::kGpu>(arrived_flag(q), epoch, p.timeout_ns, site("arrived", q));
-    __syncthreads();
-  }
-  KOSMOS_DEVICE void guard_data();
-  KOSMOS_DEVICE void announce_ready();
-  KOSMOS_DEVICE void land(char* slot_dst, const char* from, int src, int t);
-  KOSMOS_DEVICE void move(const AgMove& m, int i);
-  KOSMOS_DEVICE void push(const AgMove& m, int i, size_t off, size_t bytes);
-  KOSMOS_DEVICE void build(const AgBuild& b);
-  KOSMOS_DEVICE void finish(int grid);
 };
 
-// 16-byte loads each mover thread keeps in flight. Pull is latency-bound per
-// CTA: on 2xH200 (benchmarks/RESULTS.md, transport, 2026-11-30) 4 CTAs pulled
-// 101 GB/s with 4 in flight and 165 GB/s with 8 (push, whose stores do not wait,
-// 180 / 182), so 8 lets a smaller crew fill the link and leaves more CTAs to build.
-constexpr int kMoveInFlight = 8;
+// The portable kernels' Ops: AG's movers, and builders that run the portable
+// engine over the build queue: ag_tn TN over w [K, N], ag_nn NN over w [N, K]
+// (dX = AG(dY) @ w.T). Its A has every shard's T tile rows, shard-major.
+template <typename T, AgOp kOp>
+struct AgOps : AgDeviceOps<T, AgShared, false, kOp> {
+  using Engine = portable::TileEngine<kOp == AgOp::kNn ? gemm::Layout::NN : gemm::Layout::TN, T, T>;
+  static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "AgShape's tiles are the engine's");
 
-// Bytes of tile row t of a shard: rows [t*BM, min((t+1)*BM, rows)).
-template <typename T>
-KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* bytes) {
-  const size_t r0 = (size_t)t * portable::kBM;
-  size_t r1 = r0 + portable::kBM;
-  if (r1 > (size_t)p.rows) r1 = p.rows;
-  *off = r0 * p.K * sizeof(T);
-  *bytes = (r1 - r0) * p.K * sizeof(T);
-}
-
-// The data region is overwritten (by a publish or a pull, or by the peers'
-// pushes after announce_ready) only after the last writer's readers are done
-// (tp/heap_use.cuh).
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::guard_data() {
-  heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
-}
-
-// Push transport: our gather region may take the peers' pushes of this epoch
-// once its last readers are done (guard_data); the peers poll ready[] in their
-// own control blocks, so the announcement is a remote store, not a remote poll.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::announce_ready() {
-  if constexpr (kPush) {
-    guard_data();
-    if (threadIdx.x == 0)
-      for (int r = 0; r < p.tp; ++r)
-        if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
-  }
-}
-
-// x's tile row m.t straight into peer m.dst's slot for this rank, once the peer
-// announced its region free; then the peer's arrived flag. The barrier orders
-// every thread's remote stores before thread 0's system-scope release, which the
-// peer's builders acquire at system scope (and fence to the async proxy before
-// TMA reads the rows).
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::push(const AgMove& m, int i, size_t off, size_t bytes) {
-  const TraceSpan wait;
-  if (threadIdx.x == 0) {
-    wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
-    wait.close(p.trace, blockIdx.x, kTraceWait, i);
-  }
-  __syncthreads();
-  const TraceSpan span;
-  cta_copy16<kMoveInFlight>(slot(m.dst, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    store_release<Scope::kSys>(&ctrl_of(m.dst)->arrived[p.rank * kMaxTileRows + m.t], epoch);
-    span.close(p.trace, blockIdx.x, kTraceMove, i);
-  }
-}
-
-// Tile row t of shard src, read at `from` (that shard's row 0), into this rank's
-// slot `slot_dst` (kBulk's pulls: nullptr, none) and, for kNn and kBulk, into
-// g_out: one contiguous run per batch the tile row spans, each vector read once
-// and stored to both.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::land(char* slot_dst, const char* from, int src, int t) {
-  size_t off, bytes;
-  row_range(p, t, &off, &bytes);
-  if constexpr (kOp == AgOp::kTn) return cta_copy16<kMoveInFlight>(slot_dst + off, from + off, bytes);
-  const size_t rb = (size_t)p.K * sizeof(T);
-  const int r1 = min((t + 1) * portable::kBM, p.rows);
-  for (int g = t * portable::kBM; g < r1;) {
-    const int b = g / p.m_local, e = min(r1, (b + 1) * p.m_local);
-    char* out = reinterpret_cast<char*>(p.g_out) + (((size_t)b * p.tp + src) * p.m_local + (g - b * p.m_local)) * rb;
-    cta_copy16_to<kMoveInFlight, true>(out, slot_dst ? slot_dst + g * rb : nullptr, from + g * rb, (e - g) * rb);
-    g = e;
-  }
-}
-
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::move(const AgMove& m, int i) {
-  size_t off, bytes;
-  row_range(p, m.t, &off, &bytes);
-  guard_data();
-  if constexpr (kPush) {
-    if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
-  }
-  if (m.publish) {
+  KOSMOS_DEVICE void build_all() {
     const TraceSpan span;
-    land(slot(p.rank, p.rank), reinterpret_cast<const char*>(p.x), p.rank, m.t);
-    __syncthreads();  // all writes of the row before the release below
-    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
-    if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceMove, i);
-    return;
+    const AgParams<T>& a = this->p;
+    AgSched sched{this->ctrl, a.shape};
+    AgHooks<T> hooks{a.x, a.heap[a.rank] + kHeapDataOffset, a.slot_bytes, a.y, this->ctrl->arrived, this->epoch,
+                     a.timeout_ns, a.rank, a.tp, a.shape.T, a.rows, a.m_local, a.N, a.trace};
+    const gemm::Problem prob{a.x, a.w, a.y, a.tp * a.shape.T * Engine::kBM, a.N, a.K};
+    Engine::run(prob, this->sm.tile, sched, hooks);
+    if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
   }
-  const TraceSpan wait;
-  if (threadIdx.x == 0) {
-    wait_ge<Scope::kSys>(&ctrl_of(m.src)->pub[m.t], epoch, p.timeout_ns, site("peer_pub", m.src * kMaxTileRows + m.t));
-    wait.close(p.trace, blockIdx.x, kTraceWait, i);
-  }
-  __syncthreads();  // every thread's loads are ordered after thread 0's acquire
-  const TraceSpan pull;
-  land(kOp == AgOp::kBulk || p.pull_to_out_only ? nullptr : slot(p.rank, m.src), slot(m.src, m.src), m.src, m.t);
-  __syncthreads();
-  if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
-  if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
-}
-
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::build(const AgBuild& b) {
-  const TraceSpan span;
-  const int r0 = b.t * portable::kBM;
-  const int rows = min(portable::kBM, p.rows - r0);
-  const T* a = b.src == p.rank ? p.x + (size_t)r0 * p.K
-                               : reinterpret_cast<const T*>(slot(p.rank, b.src)) + (size_t)r0 * p.K;
-  portable::Acc acc;
-  portable::tile_mma<T, kOp == AgOp::kNn>(a, rows, p.w, p.K, p.N, b.tn * portable::kBN, sm.tile, acc);
-  // Flattened local row r of shard src -> row of the gathered [batch, tp*m_local] output.
-  const int m = p.m_local, tp = p.tp, src = b.src;
-  auto row_of = [=](int r) {
-    const int g = r0 + r;
-    return (g / m) * (tp * m) + src * m + g % m;
-  };
-  portable::tile_store(acc, p.y, rows, p.N, b.tn * portable::kBN, row_of);
-  if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceBuild, (b.src * p.shape.T + b.t) * p.shape.NT + b.tn);
-}
-
-// The last CTA to finish tells every peer we are done reading its slot for this
-// epoch, resets the queues and advances the epoch: no host work between launches.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::finish(int grid) {
-  if (!last_cta_done(&ctrl->finished, grid)) return;
-  release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
-  ctrl->move_next = 0;
-  ctrl->build_next = 0;
-  ctrl->finished = 0;
-  store_release<Scope::kGpu>(&ctrl->epoch, epoch);
-}
+};
 
 template <typename T, AgOp kOp>
 KOSMOS_DEVICE void ag_portable_cta(const AgParams<T>& p, AgShared& sm) {
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  AgDeviceOps<T, AgShared, false, kOp> ops{p, sm, ctrl, epoch, false};
+  AgOps<T, kOp> ops{{p, sm, ctrl, epoch, false}};
   ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
 }
 

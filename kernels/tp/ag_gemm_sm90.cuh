@@ -1,9 +1,9 @@
 // Fused all-gather + GEMM with Hopper builders (sm_90a): the queues, flags,
 // movers and epochs of ag_gemm.cuh, with builders that are the TMA + WGMMA tile
-// engine (gemm/sm90/tile_engine.cuh). The CTA life is ag_cta_movers_move
-// (tp/ag_sched.h): the engine's producer thread claims build items and waits for
-// their rows; it cannot run a CTA-wide pull, so builders never move and the
-// launcher always starts at least one mover when there are peers.
+// engine (gemm/sm90/tile_engine.cuh). The CTA life is ag_cta (tp/ag_sched.h):
+// the engine's producer thread claims build items (AgSched) and waits for
+// their rows; builders never move and the launcher always starts at least one
+// mover when there are peers.
 //
 // A is this rank's gather region read as one [tp * T * kBM, K] matrix: shard s
 // occupies rows [s * T * kBM, (s + 1) * T * kBM). Pull: its own rows included
@@ -35,20 +35,6 @@ struct AgSm90Params {
 
 struct AgSm90Shared {
   int bcast;
-};
-
-// The engine's producer thread claims build items in ag_build_item order; tile
-// row m of the engine is shard src's tile row t at m = src * T + t.
-struct AgSm90Sched {
-  AgCtrl* ctrl;
-  AgShape s;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
-    if (j >= ag_n_build(s)) return false;
-    const AgBuild b = ag_build_item(s, j);
-    t = gemm::TileCoord{b.src * s.T + b.t, b.tn};
-    return true;
-  }
 };
 
 // By value, not a pointer into the kernel parameters: the epilogue stores through
@@ -137,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
       const TraceSpan span;
-      AgSm90Sched sched{this->ctrl, this->p.shape};
+      AgSched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
       using Hooks = AgSm90Hooks<Cfg, Tr, Tr::kPush || kOp == AgOp::kNn>;
       Hooks hooks{&pp.own, a.pull_to_out_only ? &pp.out : nullptr, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
@@ -146,7 +132,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
-  ag_cta_movers_move(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);
+  ag_cta(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -4,13 +4,14 @@
 //   dxp = dy @ w.T             [M, k], this rank's partial of dX (no gathered row needed)
 // Movers run AG+GEMM's moves (tp/ag_gemm.cuh: publish own rows into this
 // rank's heap slot and into xg, then pull peers' rows straight into xg, since
-// no builder reads the slots: AgOp::kBulk); builders build dxp's tiles,
-// which wait for nothing; a mover whose queue is empty builds. The CTA life is
-// ag_cta_movers_move (tp/ag_sched.h): with at least one mover per rank (tp > 1)
-// every pull is claimed by a CTA that waits only on the peer's publishes, which
-// its movers claim first, and builders never wait, so no CTA waits on work no
-// running CTA has claimed, whatever the grid.
+// no builder reads the slots: AgOp::kBulk); builders run a tile engine over
+// dxp's tiles, which wait for nothing; a mover whose queue is empty builds.
+// The CTA life is AG+GEMM's ag_cta (tp/ag_sched.h): with at least one mover
+// per rank (tp > 1) every pull is claimed by a CTA that waits only on the
+// peer's publishes, which its movers claim first, and builders never wait, so
+// no CTA waits on work no running mover does, whatever the grid.
 #pragma once
+#include "gemm/portable/tile_engine.cuh"
 #include "gemm/tile_order.h"
 #include "tp/ag_gemm.cuh"
 
@@ -33,23 +34,34 @@ KOSMOS_HD inline gemm::TileCoord bulk_tile(int tiles_m, int tiles_n, int group, 
   return gemm::SwizzledOrder{tiles_m, tiles_n, group}.at(j);
 }
 
-// The portable builders: dxp's 128x128 tiles on the SIMT engine.
+// Claims of dxp's tiles from the AG control block's build queue (reset by the
+// launch's last CTA, as for AG+GEMM), for the engine's one claiming thread
+// (portable: thread 0; Hopper: the producer thread).
+struct BulkAgSched {
+  AgCtrl* ctrl;
+  int tiles_m, tiles_n, group;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
+    if (j >= tiles_m * tiles_n) return false;
+    t = bulk_tile(tiles_m, tiles_n, group, j);
+    return true;
+  }
+};
+
+// The portable builders: the SIMT engine over the plain problem dxp [M, k] =
+// dy [M, n] @ w [k, n].T (NN: both operands K-major), with hooks that wait for
+// nothing: no row a tile reads is moved.
 template <typename T>
 struct BulkAgOps : AgDeviceOps<T, AgShared, false, AgOp::kBulk> {
+  using Engine = portable::TileEngine<gemm::Layout::NN, T, T>;
   const BulkAgParams<T>& q;
 
   KOSMOS_DEVICE void build_all() {
-    using namespace portable;
-    const int tm = gemm::ceil_div(q.M, kBM), tn = gemm::ceil_div(q.k, kBN);
-    for (int j = this->claim_build(); j < tm * tn; j = this->claim_build()) {
-      const TraceSpan span;
-      const gemm::TileCoord t = bulk_tile(tm, tn, q.group, j);
-      const int r0 = t.m * kBM, rows = min(kBM, q.M - r0);
-      Acc acc;
-      tile_mma<T, true>(q.dy + (size_t)r0 * q.n, rows, q.w, q.n, q.k, t.n * kBN, this->sm.tile, acc);
-      tile_store(acc, q.dx, rows, q.k, t.n * kBN, [=](int r) { return r0 + r; });
-      if (threadIdx.x == 0) span.close(this->p.trace, blockIdx.x, kTraceBuild, j);
-    }
+    const TraceSpan span;
+    BulkAgSched sched{this->ctrl, gemm::ceil_div(q.M, Engine::kBM), gemm::ceil_div(q.k, Engine::kBN), q.group};
+    gemm::NoHooks hooks;
+    Engine::run(gemm::Problem{q.dy, q.w, q.dx, q.M, q.k, q.n}, this->sm.tile, sched, hooks);
+    if (threadIdx.x == 0) span.close(this->p.trace, blockIdx.x, kTraceBuild);
   }
 };
 
@@ -59,7 +71,7 @@ __global__ void __launch_bounds__(portable::kThreads, 1) bulk_ag_nn_kernel(const
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(q.ag.heap[q.ag.rank] + q.ag.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   BulkAgOps<T> ops{{q.ag, sm, ctrl, epoch, false}, q};
-  ag_cta_movers_move(ops, q.ag.shape, (int)blockIdx.x, (int)gridDim.x, q.ag.movers, q.ag.switching != 0);
+  ag_cta(ops, q.ag.shape, (int)blockIdx.x, (int)gridDim.x, q.ag.movers, q.ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -16,19 +16,6 @@ struct BulkAgSm90Params {
   sm90::Params<Cfg> g;     // TMA over dy (A), w (B) and dxp (C)
 };
 
-// The engine's producer thread claims dxp's tiles from the AG control block's
-// build queue (reset by the launch's last CTA, as for AG+GEMM).
-struct BulkAgSm90Sched {
-  AgCtrl* ctrl;
-  int tiles_m, tiles_n, group;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
-    if (j >= tiles_m * tiles_n) return false;
-    t = bulk_tile(tiles_m, tiles_n, group, j);
-    return true;
-  }
-};
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bulk_ag_nn_sm90_kernel(const __grid_constant__ BulkAgSm90Params<Cfg> p) {
@@ -43,14 +30,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
       const TraceSpan span;
-      BulkAgSm90Sched sched{this->ctrl, gemm::ceil_div(pp.b.M, Cfg::kBM), gemm::ceil_div(pp.b.k, Cfg::kBN),
-                            pp.b.group};
+      BulkAgSched sched{this->ctrl, gemm::ceil_div(pp.b.M, Cfg::kBM), gemm::ceil_div(pp.b.k, Cfg::kBN), pp.b.group};
       gemm::NoHooks hooks;
       sm90::TileEngine<Cfg, gemm::bf16, gemm::NoHooks>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(this->p.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{ag, sm, ctrl, epoch, false}, p, s};
-  ag_cta_movers_move(ops, ag.shape, (int)blockIdx.x, (int)gridDim.x, ag.movers, ag.switching != 0);
+  ag_cta(ops, ag.shape, (int)blockIdx.x, (int)gridDim.x, ag.movers, ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -3,10 +3,11 @@
 // X @ W into this rank's staging buffer in band-major order and publish each
 // completed band; reducers pull band b of our own chunk from every rank, sum the
 // ranks in fixed order in fp32 and round once into Y. The schedule (queues,
-// roles, deadlock freedom) is tp/rs_sched.h, shared with the CPU emulation;
-// this file supplies its device operations. The Hopper life may push instead
-// (RsShape::push, gemm_rs_sm90.cuh): builders write partials into their owner's
-// staging; these portable builders and reducers pull only.
+// roles, the one CTA life rs_cta, deadlock freedom) is tp/rs_sched.h, shared
+// with the CPU emulation; this file supplies its device operations and the
+// portable builders: the portable tile engine over RsSched with RsHooks. The
+// Hopper builders (gemm_rs_sm90.cuh) may also push: builders write partials
+// into their owner's staging; the portable kernel pulls only.
 //
 // Arrival is signalled by flags (pub[] epochs), not by a NaN sentinel in the
 // data as in the paper: the portable engine stores plain fp32, and an epoch flag
@@ -14,8 +15,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
-#include "gemm/portable/tile_gemm.cuh"
+#include "gemm/portable/tile_engine.cuh"
+#include "gemm/tile_hooks.h"
 #include "kosmos/cta.h"
 #include "kosmos/platform.h"
 #include "kosmos/queue.h"
@@ -29,8 +32,8 @@
 namespace kosmos {
 
 // One staged fp32 partial tile: kBM x tile_n (the builders' tile width), row-major.
-// Rows and columns past the problem are never read back (the portable builders
-// store zeros there, the Hopper builders skip them).
+// Rows and columns past the problem are never written (the engines skip them)
+// nor read back.
 KOSMOS_HD inline size_t rs_tile_elems(int tile_n) { return (size_t)portable::kBM * tile_n; }
 
 // elem_bytes: 4 for fp32 staging, 2 for bf16 (Hopper builders only).
@@ -56,12 +59,12 @@ struct RsParams {
 };
 
 struct RsShared {
-  portable::TileSmem tile;
+  portable::EngineSmem tile;
   int bcast;
 };
 
 // Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
-// the portable build(), `portable::TileSmem tile`.
+// the portable builders, `portable::EngineSmem tile`.
 template <typename T, class Shared = RsShared>
 struct RsDeviceOps {
   const RsParams<T>& p;
@@ -79,30 +82,25 @@ struct RsDeviceOps {
   }
   KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"tn_rs", p.rank, (int)blockIdx.x, flag, i}; }
   KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
-  KOSMOS_DEVICE WorkQueue build_q() const { return WorkQueue{&ctrl->build_next, 0}; }
-
-  KOSMOS_DEVICE int claim_build() { return bcast(threadIdx.x == 0 ? (int)build_q().claim() : 0); }
-  KOSMOS_DEVICE bool build_claimed(int j) { return bcast(threadIdx.x == 0 ? (int)build_q().claimed((uint32_t)j) : 0); }
   KOSMOS_DEVICE int claim_reduce() {
     return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->reduce_next, 0}.claim() : 0);
   }
-  // Peers read step_claimed[] before waiting on our bands (sys scope: remote reads).
-  KOSMOS_DEVICE void mark_step_claimed(int b) {
-    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->step_claimed[b], epoch);
-  }
-  // The schedule asks for each peer; HeapUse answers for all of them (and for a
-  // previous launch of another op) at once.
-  KOSMOS_DEVICE void wait_peer_done(int) { guard_data(); }
+  // HeapUse answers for every peer (and for a previous launch of another op) at once.
   KOSMOS_DEVICE void guard_data() { heap_use_guard(data_free, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0)); }
-  // The barrier puts every thread's staging stores before thread 0's acq_rel add,
-  // so the CTA that completes the band has acquired the whole band.
-  KOSMOS_DEVICE uint32_t band_add(int b, int c) {
+  // Until this rank's builders have claimed GEMM tile j (no acquire: the
+  // claim's tiles are waited for by their bands' flags).
+  KOSMOS_DEVICE void wait_build_claimed(int j) {
+    if (threadIdx.x == 0) {
+      const TraceSpan wait;
+      const uint64_t start = now_ns();
+      while (!WorkQueue{&ctrl->build_next, 0}.claimed((uint32_t)j)) {
+        if (now_ns() - start > p.timeout_ns)
+          timeout_trap(site("build_next(claims)", j), (uint64_t)j + 1, ld_relaxed_u32(&ctrl->build_next),
+                       p.timeout_ns);
+      }
+      wait.close(p.trace, blockIdx.x, kTraceWait, j);
+    }
     __syncthreads();
-    return (uint32_t)bcast(
-        threadIdx.x == 0 ? (int)add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(b, c)], 1) : 0);
-  }
-  KOSMOS_DEVICE void publish(int b, int c) {
-    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[rs_flag_index(b, c)], epoch);
   }
   KOSMOS_DEVICE void wait_step_claimed(int src, int b) {
     if (threadIdx.x == 0) {
@@ -132,28 +130,9 @@ struct RsDeviceOps {
       for (int r = 0; r < p.tp; ++r)
         if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
   }
-  KOSMOS_DEVICE void build(const RsTile& t);
   KOSMOS_DEVICE void reduce(const RsSlice& sl);
   KOSMOS_DEVICE void finish(int grid);
 };
-
-// Partial tile t of chunk t.chunk: rows of that chunk's tile row times W's tile
-// column, stored whole into the staging slot rs_stage_slot() names.
-template <typename T, class Shared>
-KOSMOS_DEVICE void RsDeviceOps<T, Shared>::build(const RsTile& t) {
-  guard_data();  // also covers tp == 1, where the schedule never asks for peers
-  const TraceSpan span;
-  const RsShape& s = p.shape;
-  const int tr = t.band * s.R + t.k / s.NT, tn = t.k % s.NT;
-  const int r0 = tr * portable::kBM;
-  const int rows = min(portable::kBM, p.rows - r0);
-  const T* a = p.x + ((size_t)t.chunk * p.rows + r0) * p.K;
-  portable::Acc acc;
-  portable::tile_mma(a, rows, p.w, p.K, p.N, tn * portable::kBN, sm.tile, acc);
-  const int slot = rs_stage_slot(s, t.band, t.chunk, t.k);
-  portable::tile_store(acc, stage(p.rank, slot), portable::kBM, portable::kBN, 0, [](int r) { return r; });
-  if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceBuild, slot);
-}
 
 // Sums the slice's tiles over ranks 0..tp-1 in that order (rs_reduce_fixed),
 // threads splitting the elements; L2-only loads, since peers and other CTAs
@@ -193,13 +172,110 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::finish(int grid) {
   store_release<Scope::kGpu>(&ctrl->epoch, epoch);
 }
 
+// GEMM tile claims in rs_build_item order, for the engine's one claiming thread
+// (portable: thread 0; Hopper: the producer thread); within a band column by
+// column (rs_band_tile_colmajor), which matters once bands are several rows
+// tall (RsConfig.band_rows, csrc/tn_rs_cuda.cu rs_shape). Engine tile row m is
+// chunk c's tile row tr at m = c * T + tr.
+struct RsSched {
+  RsCtrl* ctrl;
+  RsShape s;
+  uint64_t epoch;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
+    if (j >= rs_n_build(s)) return false;
+    const RsTile rt = rs_build_item(s, j);
+    // Claimed, not yet built: peers' reducers may now wait on this step's bands.
+    if (!s.fold && j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
+    const RsBandTile bt = rs_band_tile_colmajor(s, rt.band, rt.k);
+    t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + bt.row, bt.col};
+    return true;
+  }
+};
+
+// The portable builders' hooks (gemm/tile_hooks.h), pull. Tile t of engine tile
+// row m = c * T + tr reads chunk c's tile row tr of x (a_source: a chunk's rows
+// need not be a multiple of kBM, so no tile straddles two chunks), leaves as an
+// fp32 partial in our staging slot of it (row_ptr) and is counted into its
+// band once stored (tile_done). By value, as RsSm90Hooks.
+template <typename T>
+struct RsHooks {
+  static constexpr bool kTileDone = true, kMapsRows = true, kSplitA = true;
+  const T* x;    // [tp * rows, K]: chunk c is rows [c * rows, (c + 1) * rows)
+  float* stage;  // our staging: heap + kHeapDataOffset
+  RsCtrl* ctrl;  // ours
+  uint64_t epoch;
+  RsShape s;
+  int rows, K, tile_n;
+
+  // Pull: nothing of this epoch to wait for (the staging guard precedes the engine).
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  KOSMOS_DEVICE const T* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
+    const int chunk = t.m / s.T;
+    *a_rows = rows;
+    *tile_m = t.m - chunk * s.T;
+    return x + (size_t)chunk * rows * K;
+  }
+  // Tile t's staging slot (rs_stage_slot, pull: ours, at the chunk's position).
+  KOSMOS_DEVICE float* tile_of(gemm::TileCoord t) const {
+    const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
+    const int slot = rs_stage_slot(s, band, chunk, rs_band_index(s, tr - band * s.R, t.n));
+    return stage + (size_t)slot * rs_tile_elems(tile_n);
+  }
+  // Engine row r of tile t is row r - t.m * kBM of its slot, element (r, c) at
+  // [c] (c counts the engine's columns, so the row pointer is offset back by t.n tiles).
+  template <class OutT>
+  KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
+    static_assert(std::is_same_v<OutT, float>, "partials are staged in fp32");
+    const int in_tile = r - t.m * portable::kBM;
+    if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
+    return tile_of(t) + (ptrdiff_t)(in_tile - t.n) * tile_n;
+  }
+  // Thread 0, after the engine's barrier over every thread's stores of the
+  // tile: the acq_rel count makes the band's completer acquire every tile of
+  // it, so its system-scope release of pub[] covers the whole band for the
+  // peers' reducers.
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) {
+    const int chunk = t.m / s.T, band = (t.m - chunk * s.T) / s.R;
+    if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 != (uint32_t)rs_band_tiles(s, band))
+      return;
+    store_release<Scope::kSys>(&ctrl->pub[rs_flag_index(band, chunk)], epoch);
+  }
+};
+
+// The portable kernel's Ops: the engine (TN, fp32 out) over x [tp * rows, K]
+// read chunk by chunk, and RsDeviceOps' reducers.
+template <typename T>
+struct RsOps : RsDeviceOps<T> {
+  using Engine = portable::TileEngine<gemm::Layout::TN, float, T>;
+  static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "RsShape's tiles are the engine's");
+
+  // Pull only (the launcher refuses push here): nothing to announce.
+  KOSMOS_DEVICE void announce_ready() {}
+
+  // The staging guard is taken once, CTA-wide, before the first tile: it only
+  // waits on the previous launch's readers, never on this epoch.
+  KOSMOS_DEVICE void build_all() {
+    this->guard_data();
+    const TraceSpan span;
+    const RsParams<T>& a = this->p;
+    RsSched sched{this->ctrl, a.shape, this->epoch};
+    RsHooks<T> hooks{a.x, this->template stage<float>(a.rank, 0), this->ctrl, this->epoch, a.shape, a.rows, a.K,
+                     a.tile_n};
+    const gemm::Problem prob{a.x, a.w, nullptr, a.tp * a.shape.T * Engine::kBM, a.N, a.K};
+    Engine::run(prob, this->sm.tile, sched, hooks);
+    if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
+  }
+};
+
 // Dynamic shared memory is only padding: it makes two CTAs never fit on one SM.
 template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) tn_rs_kernel(const RsParams<T> p) {
   __shared__ RsShared sm;
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  RsDeviceOps<T> ops{p, sm, ctrl, epoch, false};
+  RsOps<T> ops{{p, sm, ctrl, epoch, false}};
   rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers, p.switching != 0);
 }
 

@@ -1,9 +1,9 @@
 // Fused GEMM + reduce-scatter with Hopper builders (sm_90a): the queues, bands,
 // flags and epochs of gemm_rs.cuh, with builders that are the TMA + WGMMA tile
-// engine. The CTA life is rs_cta_builders_build (tp/rs_sched.h): the engine's
-// producer thread claims GEMM tiles (marking each step claimed), the epilogue
-// stages partial tiles, tile_done counts the band and publishes it; once the
-// GEMM queue is empty the CTA reduces (one way). Reducers never build.
+// engine. The CTA life is rs_cta (tp/rs_sched.h): the engine's producer thread
+// claims GEMM tiles (RsSched, marking each step claimed), the epilogue stages
+// partial tiles, tile_done counts the band and publishes it; once the GEMM
+// queue is empty the CTA reduces (one way). Reducers never build.
 //
 // Staging type StageT: float (partials exact to fp32) or bf16 (half the bytes
 // written, and carried over NVLink, per partial). Pull (default): partials are
@@ -42,25 +42,6 @@ struct RsSm90Params {
 
 struct RsSm90Shared {
   int bcast;
-};
-
-// GEMM tile claims in rs_build_item order, for the engine's producer thread;
-// within a band column by column (rs_band_tile_colmajor), which matters once
-// bands are several rows tall (RsConfig.band_rows, csrc/tn_rs_cuda.cu rs_shape).
-struct RsSm90Sched {
-  RsCtrl* ctrl;
-  RsShape s;
-  uint64_t epoch;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
-    if (j >= rs_n_build(s)) return false;
-    const RsTile rt = rs_build_item(s, j);
-    // Claimed, not yet built: peers' reducers may now wait on this step's bands.
-    if (!s.fold && j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
-    const RsBandTile bt = rs_band_tile_colmajor(s, rt.band, rt.k);
-    t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + bt.row, bt.col};
-    return true;
-  }
 };
 
 // By value (see AgSm90Hooks): the epilogue stores through row_ptr. A peer's
@@ -244,7 +225,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
   KOSMOS_DEVICE void build_all() {
     this->guard_data();
     const RsParams<bf16_t>& a = this->p;
-    RsSm90Sched sched{this->ctrl, a.shape, this->epoch};
+    RsSched sched{this->ctrl, a.shape, this->epoch};
     using Hooks = RsSm90Hooks<Cfg, StageT, Tr, kFold>;
     Hooks hooks{&a, &pp, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows, a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
@@ -362,7 +343,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsSm90Ops<Cfg, StageT, Tr, kFold> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
-  rs_cta_builders_build(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
+  rs_cta(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 
 }  // namespace kosmos

@@ -1,6 +1,7 @@
-// The GEMM+RS schedule (paper §3.2.2), plain host/device code: the GPU kernel and
-// the CPU emulation (tests/host/rs_sched_emu.cc) run these same functions over
-// different `Ops`. Y_chunk(r) = sum over ranks s of (X_s @ W_s)[chunk r].
+// The GEMM+RS schedule (paper §3.2.2), plain host/device code: the GPU kernels
+// (both engines' builders) and the CPU emulation (tests/host/rs_sched_emu.cc)
+// run these same functions over different `Ops`. Y_chunk(r) = sum over ranks s
+// of (X_s @ W_s)[chunk r].
 //
 // Units. A chunk is the T tile rows of output rank c owns; a band is R tile rows
 // of a chunk (the last band may be shorter); step b is band b of every chunk.
@@ -11,14 +12,15 @@
 // Reduce queue (per rank): band b of our own chunk in slices, band-major. A
 // reducer pulls the slice from every rank once it has landed, sums ranks 0..tp-1
 // in that fixed order in fp32 and rounds once.
-// Push transport (RsShape::push, Hopper life only): builders write each partial
-// tile of chunk c straight into rank c's staging and publish the band there, so
-// reducers read every rank's partial of their chunk from local memory and the
-// NVLink traffic rides in the builders' asynchronous epilogue copies. The sum and
-// its order are the same, so the bits are too. A peer's staging takes pushes of
-// an epoch once the peer announced it free (ready[]): rs_cta_builders_build.
+// Push transport (RsShape::push; only the Hopper kernels compile it): builders
+// write each partial tile of chunk c straight into rank c's staging and publish
+// the band there, so reducers read every rank's partial of their chunk from
+// local memory and the NVLink traffic rides in the builders' asynchronous
+// epilogue copies. The sum and its order are the same, so the bits are too. A
+// peer's staging takes pushes of an epoch once the peer announced it free
+// (ready[]): rs_cta.
 //
-// Fold (RsShape::fold, push only, Hopper life): nobody reduces. Step s of the
+// Fold (RsShape::fold, push only, Hopper builders): nobody reduces. Step s of the
 // queue is the peers' band s (tp - 1 chunks, rotated as above), then our own
 // band s - lag; an own tile waits until every peer has published that band
 // here, adds the peers' pushed partials to its own in rank order and rounds
@@ -31,12 +33,18 @@
 // band last (lag >= bands) they were read back from DRAM, which cost the
 // one-GPU loopback 3-7% on thin K (2026-12-01, benchmarks/RESULTS.md).
 //
-// Deadlock freedom (any number of resident CTAs, down to 1): a CTA never waits on
-// a band (local or remote) before its own rank has claimed every tile of that
-// step; if the step is not claimed yet it claims and builds the tiles itself.
-// Builds wait on nothing in the current epoch, so every claimed tile completes,
-// and each rank claims its steps in order without needing any peer: the waits
-// for step b form a DAG (reducers -> every rank's step b -> nothing).
+// Deadlock freedom (rs_cta; preconditions there). Builds wait on nothing of
+// the current epoch: the staging guard waits on the previous epoch's readers
+// (done by induction on epochs), and a push's wait for its owner's ready[] is
+// on an announcement every builder makes before it builds. So every claimed
+// tile completes, and since every rank has a resident builder that claims the
+// GEMM queue to its end, every rank claims every step and publishes every band
+// (at the tile_done of the band's last tile: the portable engine's right after
+// the tile, the Hopper engine's one tile late, both after work that waits on
+// nothing). A reducer waits until its own rank and then each peer has claimed
+// step b, then on every rank's band b: all of it the builders' work, which never
+// waits on a reducer. The waits for step b form a DAG (reducers -> every
+// rank's builders -> nothing).
 // Fold, by induction on the band c: an own tile of band c waits only on the
 // peers' tiles of their band c (peer parts), which wait on nothing themselves;
 // a CTA takes its tiles in claim order, so such a tile can be queued only
@@ -60,7 +68,7 @@ struct RsShape {
   int NT;     // tile columns of the output
   int R;      // tile rows per band
   int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
-  int push = 0;  // 1: push transport (rs_cta_builders_build only); 0: pull
+  int push = 0;  // 1: push transport; 0: pull
   int fold = 0;  // 1 (with push): own chunk folded into the builders' epilogues, no reducers
   int lag = 0;   // fold: steps by which our own band trails the peers' (>= 0)
 };
@@ -125,9 +133,9 @@ KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {
   return {b, rs_chunk_at(s, q / bt), q % bt};
 }
 
-// Where queue tile k of band b is, for builders that take a band column by
-// column (the Hopper builders: tiles built at once then share a few W columns
-// across the band's rows): row k % rows of the band, column k / rows. The
+// Where queue tile k of band b is: builders take a band column by column
+// (RsSched; tiles built at once then share a few W columns across the band's
+// rows): row k % rows of the band, column k / rows. The
 // staging keeps the row-major index rs_band_index; any bijection works, since
 // bands complete and steps are claimed by count.
 struct RsBandTile {
@@ -187,104 +195,27 @@ KOSMOS_HD void rs_reduce_fixed(int tp, uint32_t n, uint32_t first, uint32_t step
   }
 }
 
-// Builds GEMM tile j into staging, without counting it into its band (see
-// rs_tile_done). The first staging write of a CTA waits until every peer has
-// finished reading our previous epoch (done[p] >= epoch - 1): that wait depends
-// only on last epoch's work, never on this one's.
-template <class Ops>
-KOSMOS_HD RsTile rs_build_tile(Ops& ops, const RsShape& s, int j, bool& staging_free) {
-  const RsTile t = rs_build_item(s, j);
-  if (!s.fold && j + 1 == rs_step_end(s, t.band)) ops.mark_step_claimed(t.band);  // claim done, build pending
-  if (!staging_free) {
-    for (int p = 0; p < s.tp; ++p)
-      if (p != s.rank) ops.wait_peer_done(p);
-    staging_free = true;
-  }
-  ops.build(t);
-  return t;
-}
-
-// Counts a staged tile into its band. band_add is acq_rel: the builder that
-// completes the band has acquired every other builder's tile stores, so its
-// release of pub[] covers the whole band. The Hopper engine calls this one tile
-// late (its staged epilogue's copies overlap the next tile): nothing a builder
-// waits for may depend on it.
-// Folded tiles are not staged: there is nothing to count or publish.
-template <class Ops>
-KOSMOS_HD void rs_tile_done(Ops& ops, const RsShape& s, const RsTile& t) {
-  if (rs_folds(s, t.chunk)) return;
-  if (ops.band_add(t.band, t.chunk) + 1 == (uint32_t)rs_band_tiles(s, t.band)) ops.publish(t.band, t.chunk);
-}
-
-// Builds GEMM tile j and counts it at once (portable builders).
-template <class Ops>
-KOSMOS_HD void rs_build(Ops& ops, const RsShape& s, int j, bool& staging_free) {
-  rs_tile_done(ops, s, rs_build_tile(ops, s, j, staging_free));
-}
-
-// Reduces slice q. Before any wait for band b this rank must have claimed all of
-// step b; a reducer that finds it unclaimed claims and builds tiles itself (in
-// queue order: tiles of step b or earlier, at most one past it if another CTA
-// claims the step's last tile meanwhile, which is harmless). Remote bands are waited on
-// only once the peer says the step is claimed, so pub[] waits are on claimed work.
-template <class Ops>
-KOSMOS_HD void rs_reduce(Ops& ops, const RsShape& s, int q, bool& staging_free) {
-  const RsSlice sl = rs_reduce_item(s, q);
-  const int need = rs_step_end(s, sl.band), n_build = rs_n_build(s);
-  while (!ops.build_claimed(need - 1)) {
-    const int j = ops.claim_build();
-    if (j < n_build) rs_build(ops, s, j, staging_free);
-  }
-  for (int src = 0; src < s.tp; ++src) {
-    if (src != s.rank) ops.wait_step_claimed(src, sl.band);
-    ops.wait_band(src, sl.band);
-  }
-  ops.reduce(sl);
-}
-
-// One CTA's life. `Ops` supplies CTA-uniform primitives: claims broadcast to every
-// thread, waits by one thread then a barrier, the tile GEMM and the reduction.
-// No drain is needed at the end: whoever claims the last reduce slice first makes
-// sure the last step, hence every GEMM tile, is claimed. switching == false (a
-// fixed split): a builder whose queue is empty stops instead of reducing; the
-// launcher then keeps at least one reducer and one builder. Pull transport only
-// (launchers refuse s.push with this life).
-template <class Ops>
-KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers, bool switching = true) {
-  const int n_build = rs_n_build(s), n_reduce = rs_n_reduce(s);
-  bool staging_free = false;
-  Role role = rs_initial_role(cta, grid, reducers);
-  for (;;) {
-    if (role == Role::kBuilder) {
-      const int j = ops.claim_build();
-      if (j < n_build) rs_build(ops, s, j, staging_free);
-      else if (switching) role = rs_after_build_empty(role);
-      else break;
-      continue;
-    }
-    const int q = ops.claim_reduce();
-    if (q >= n_reduce) break;
-    rs_reduce(ops, s, q, staging_free);
-  }
-  ops.finish(grid);
-}
-
-// The life of a CTA whose builders are the Hopper engine: only its producer
-// thread claims, so a reducer cannot build the tiles its band needs. Builders
-// (ops.build_all: claim until the GEMM queue is empty, marking each step claimed
-// and publishing completed bands) then reduce, one way. Reducers wait until this
-// rank has claimed the step (builders never wait on current-epoch work, and at
-// least one CTA starts as a builder: rs_initial_role), then on every rank's band.
-// switching == false: builders stop when the GEMM queue is empty (needs
-// 1 <= reducers <= grid - 1).
+// One CTA's life, on either engine. `Ops` supplies CTA-uniform primitives
+// (claims broadcast to every thread, waits by one thread then a barrier, the
+// reduction, finish) and build_all: the staging guard, then the tile engine over
+// the GEMM queue (RsSched: its one claiming thread claims, marking each step
+// claimed as its last tile is claimed; the staging epilogue writes the partial,
+// tile_done counts it into its band and the band's last tile publishes it).
+// Builders build until the GEMM queue is empty, then reduce (one way;
+// switching == false: they stop). Reducers never build: they wait until this
+// rank has claimed the step, then on every rank's band.
+// Preconditions (csrc/tn_rs_cuda.cu): every CTA of the grid is resident (one per
+// SM); rs_initial_role keeps at least one builder; switching == false needs
+// 1 <= reducers <= grid - 1, so 2 CTAs. A grid of one CTA per rank is a builder
+// that builds every tile and then reduces (its waits are on bands each peer's
+// one CTA builds without waiting).
 // Push: every builder first announces this rank's staging free for the epoch
 // (ops.announce_ready: its last readers are done, then ready[rank] = epoch at
 // every peer); a builder waits on a peer's announcement before its first tile of
 // that peer's chunk. A builder exists on every rank and announces before it
 // waits on anything of this epoch, so those waits are on work that happens.
 template <class Ops>
-KOSMOS_HD void rs_cta_builders_build(Ops& ops, const RsShape& s, int cta, int grid, int reducers,
-                                     bool switching = true) {
+KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers, bool switching = true) {
   if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) {
     if (s.push && s.tp > 1) ops.announce_ready();
     ops.build_all();

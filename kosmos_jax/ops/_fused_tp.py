@@ -70,12 +70,12 @@ def ag_tn_fused(x, w, *, axis_name, config: AgConfig):
   """allgather_rows(x) @ w in one persistent kernel.
 
   bf16 on an H100/H200 (compute capability 9.0) builds tiles with the Hopper
-  engine (kernels/tp/ag_gemm_sm90.cuh); there builders never move, so with peers
-  at least one CTA starts as a mover (`movers=0` runs as 1). Other dtypes and
-  GPUs, and KOSMOS_FUSED_BUILDERS=portable, use portable builders
-  (kernels/tp/ag_gemm.cuh). `kosmos_jax.testing.builder_runs()` counts which
-  ran. `config` (AgConfig, resolved by ops.ag_tn): `switching=False` turns the
-  one-way mover -> builder switch off (a fixed split, benchmarks);
+  engine (kernels/tp/ag_gemm_sm90.cuh). Other dtypes and GPUs, and
+  KOSMOS_FUSED_BUILDERS=portable, use portable builders (kernels/tp/ag_gemm.cuh)
+  in the same CTA life: builders never move, so with peers at least one CTA
+  starts as a mover (`movers=0` runs as 1). `kosmos_jax.testing.builder_runs()`
+  counts which ran. `config` (AgConfig, resolved by ops.ag_tn): `switching=False`
+  turns the one-way mover -> builder switch off (a fixed split, benchmarks);
   `transport="push"` (Hopper builders only) has movers write their rows into the
   peers' heaps instead of the peers pulling them."""
   if not _ext.has_target("kosmos_ag_tn", "cuda"):

@@ -1,11 +1,16 @@
-// CPU emulation of the AG+GEMM scheduler: kernels/tp/ag_sched.h, queue.h, sync.h
-// and roles.h compiled for the host and driven by N ranks x W threads ("CTAs")
-// with random delays, several epochs back to back per rank (ranks drift apart).
+// CPU emulation of the AG+GEMM scheduler: kernels/tp/ag_sched.h (the one CTA
+// life, ag_cta), queue.h, sync.h and roles.h compiled for the host and driven
+// by N ranks x W threads ("CTAs", every one resident, as the launchers
+// guarantee) with random delays, several epochs back to back per rank (ranks
+// drift apart). The movers' crew follows the launchers' rule (csrc/ag_tn_cuda.cu:
+// with peers at least one mover; a fixed split keeps a builder), down to one CTA
+// per rank. Builders claim tiles and wait for their rows as either engine's
+// hooks do (portable: own tiles read x; Hopper ag_tn under pull: they wait for
+// the publish), never moving.
 // Checks: every move and build item runs exactly once per epoch; builds see the
 // data of this epoch (no stale or overwritten buffer: a push that landed before
-// the receiver's previous epoch was done shows as one); a wait on a tile row is
-// only ever for a claimed move; nothing hangs (bounded waits abort). Both
-// transports (pull, push), and epochs alternating between them.
+// the receiver's previous epoch was done shows as one); nothing hangs (bounded
+// waits abort). Both transports (pull, push), and epochs alternating between them.
 // Usage: ag_sched_emu  (runs the built-in grid; exit 0 = all passed)
 #include <cstdio>
 #include <cstdlib>
@@ -41,17 +46,27 @@ struct Rank {
 };
 
 struct Case {
-  int tp, W, movers, T, NT, epochs, max_delay_us;
+  int tp, W, movers, T, NT, epochs, max_delay_us;  // movers: as asked; the launchers' rule applies
   int group = 1;               // AgShape::group: build-order swizzle
-  bool movers_move = false;    // ag_cta_movers_move (Hopper builders) instead of ag_cta
+  bool hopper = false;         // Hopper builders: ag_tn's own tiles under pull wait for the publish
   bool switching = true;       // false: movers stop when their queue is empty (fixed split)
-  int push = 0;                // AgShape::push (movers_move only); 2: alternate, pull on odd epochs
-  // The backward ops on the same movers (movers_move, pull): ag_nn returns the
-  // gathered rows and its own tiles read dY itself (AgOp::kNn, kOwnFromX);
-  // bulk_ag_nn's pulls land in the output only and its tiles wait for nothing
-  // (AgOp::kBulk, tp/bulk_ag.cuh).
+  int push = 0;                // AgShape::push (Hopper builders only); 2: alternate, pull on odd epochs
+  // The backward ops on the same movers (pull): ag_nn returns the gathered
+  // rows and its own tiles read dY itself (AgOp::kNn, kOwnFromX); bulk_ag_nn's
+  // pulls land in the output only and its tiles wait for nothing (AgOp::kBulk,
+  // tp/bulk_ag.cuh).
   enum Op { kTn, kNn, kBulk } op = kTn;
 };
+
+// The launchers' crew (csrc/ag_tn_cuda.cu, bulk_ag_nn_cuda.cu): builders never
+// move, so with peers at least one mover; a fixed split keeps one builder (and
+// needs two CTAs: no case asks for one).
+int crew(const Case& c) {
+  int mv = c.movers > c.W ? c.W : c.movers;
+  if (c.tp > 1 && mv < 1) mv = 1;
+  if (!c.switching && mv > c.W - 1) mv = c.W - 1;
+  return mv;
+}
 
 struct HostOps {
   const Case& c;
@@ -69,16 +84,9 @@ struct HostOps {
 
   int claim_move() { jitter(); return (int)WorkQueue{&me().move_next, 0}.claim(); }
   int claim_build() { jitter(); return (int)WorkQueue{&me().build_next, 0}.claim(); }
-  bool move_claimed(int q) { return WorkQueue{&me().move_next, 0}.claimed((uint32_t)q); }
-  bool arrived(int q) {
-    const AgMove m = ag_move_item(s, q);
-    return load_acquire<Scope::kGpu>(&me().arrived[m.src * c.T + m.t]) >= e;
-  }
-  void wait_arrived(int q) {
-    EMU_CHECK(move_claimed(q), "rank %d cta %d waits on unclaimed move %d", rank, cta, q);
-    const AgMove m = ag_move_item(s, q);
-    wait_ge<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e, kTimeoutNs, site("arrived", q));
-  }
+  // Where the builders read their own shard's rows: the gather slot, after
+  // the publish (the Hopper ag_tn under pull), or x itself.
+  bool own_from_slot() const { return c.hopper && c.tp > 1 && !s.push && c.op == Case::kTn; }
   // Reuse rule, the least the protocol needs: our region is overwritten (by us
   // or by pushes) once every peer that read it in epoch e-1 is done, and only a
   // pull epoch has remote readers. (The kernel's heap_use_guard waits in either
@@ -91,7 +99,7 @@ struct HostOps {
       if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done", p));
   }
   void announce_ready() {
-    EMU_CHECK(s.push && c.movers_move, "rank %d cta %d announces without the push transport", rank, cta);
+    EMU_CHECK(s.push && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
     guard_data();
     jitter();
     for (int p = 0; p < c.tp; ++p)
@@ -125,11 +133,11 @@ struct HostOps {
     if (c.op != Case::kTn) me().out[m.src * c.T + m.t] = v;
     store_release<Scope::kGpu>(&me().arrived[m.src * c.T + m.t], e);
   }
-  // Hopper builders: claim until empty; a local tile waits for its publish, a
-  // peer tile for its pull or the peer's push (by tile row, as the kernel's
-  // before_tile does), never moving itself. The move may not be claimed yet
-  // (movers drain the queue without waiting on builders); a deadlock would show
-  // as a wait timeout.
+  // The engine over the build queue (AgSched): claim until empty; a peer tile
+  // waits for its pull or the peer's push (by tile row, as the hooks'
+  // before_tile does), an own tile for its publish where it reads the slot,
+  // never moving itself. The move may not be claimed yet (movers drain the
+  // queue without waiting on builders); a deadlock would show as a wait timeout.
   void build_all() {
     for (int j = claim_build(); j < ag_n_build(s); j = claim_build()) {
       const AgBuild b = ag_build_item(s, j);
@@ -138,18 +146,15 @@ struct HostOps {
         jitter();
         continue;
       }
-      EMU_CHECK(b.src == rank || (b.move >= 0) != (s.push != 0), "rank %d: peer tile (src %d, t %d) move %d, push %d",
-                rank, b.src, b.t, b.move, s.push);
       if (b.src != rank)
         wait_ge<Scope::kSys>(&me().arrived[b.src * c.T + b.t], e, kTimeoutNs, site("arrived", b.src * c.T + b.t));
-      else if (c.tp > 1 && !s.push && c.op == Case::kTn)  // push and ag_nn: the own shard is read from x
+      else if (own_from_slot())
         wait_ge<Scope::kSys>(&me().pub[b.t], e, kTimeoutNs, site("pub(local)", b.t));
       build(b);
     }
   }
   void build(const AgBuild& b) {
-    // Hopper builders read every row from the slots, but under push their own from x.
-    if (b.src != rank || (c.movers_move && c.tp > 1 && !s.push && c.op == Case::kTn)) {
+    if (b.src != rank || own_from_slot()) {
       const uint64_t v = __atomic_load_n(&me().gather[b.src * c.T + b.t], __ATOMIC_RELAXED);
       EMU_CHECK(v == tag(e, b.src, b.t), "rank %d built tile (src %d, t %d) on stale rows", rank, b.src, b.t);
     }
@@ -178,10 +183,7 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
     for (int cta = 0; cta < c.W; ++cta)
       ctas.emplace_back([&, cta] {
         HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s, prev_pull};
-        if (c.movers_move)
-          ag_cta_movers_move(ops, s, cta, c.W, c.movers, c.switching);
-        else
-          ag_cta(ops, s, cta, c.W, c.movers, c.switching);
+        ag_cta(ops, s, cta, c.W, crew(c), c.switching);
       });
     for (auto& t : ctas) t.join();
     for (int i = 0; i < ag_n_move(s); ++i)
@@ -203,25 +205,24 @@ void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank
 
 int main() {
   std::vector<Case> cases;
-  for (int tp : {1, 2, 3, 4})
-    for (int W : {1, 2, 5})
-      for (int movers : {0, 1, W})
-        for (int T : {1, 3})
-          cases.push_back({tp, W, movers > W ? W : movers, T, 2, 4, 20, T == 3 ? 2 : 1});
-  // Hopper builders never move: at least one mover whenever there are peers.
-  for (int tp : {1, 2, 4})
-    for (int W : {1, 3})
-      for (int movers : {1, W})
-        cases.push_back({tp, W, tp > 1 ? movers : 0, 3, 5, 3, 20, 2, true});
-  cases.push_back({8, 9, 1, 4, 3, 3, 5, 3, true});
-  // Fixed splits (switching off): 1 <= movers <= W - 1, both CTA lives.
+  // Both builders; movers 0 (runs as 1 with peers), 1 or the whole grid; one CTA per rank included.
+  for (bool hopper : {false, true})
+    for (int tp : {1, 2, 3, 4})
+      for (int W : {1, 2, 5})
+        for (int movers : {0, 1, W})
+          for (int T : {1, 3}) cases.push_back({tp, W, movers, T, 2, 4, 20, T == 3 ? 2 : 1, hopper});
+  for (bool hopper : {false, true}) {
+    cases.push_back({8, 9, 1, 4, 3, 3, 5, 3, hopper});
+    cases.push_back({8, 8, 2, 4, 3, 3, 5, 1, hopper});  // wider group
+    cases.push_back({2, 1, 0, 6, 4, 6, 0, 1, hopper});  // one CTA, no delays: tight interleavings
+  }
+  // Fixed splits (switching off): 1 <= movers <= W - 1.
   for (int tp : {2, 3})
     for (bool hopper : {false, true})
       for (int movers : {1, 2}) cases.push_back({tp, 3, movers, 3, 4, 3, 20, 2, hopper, false});
-  cases.push_back({8, 8, 2, 4, 3, 3, 5});   // wider group
-  cases.push_back({2, 1, 0, 6, 4, 6, 0});   // one CTA, no delays: tight interleavings
-  // Push transport (Hopper life): one CTA, all movers, fixed splits, 8 ranks, and
-  // epochs alternating with pull (the reuse rule across transports).
+  cases.push_back({2, 2, 0, 3, 4, 3, 20, 2, false, false});  // a fixed split of two CTAs: one mover
+  // Push transport (Hopper builders): one CTA, all movers, fixed splits, 8
+  // ranks, and epochs alternating with pull (the reuse rule across transports).
   for (int tp : {2, 3, 4})
     for (int W : {1, 3})
       for (int movers : {1, W})
@@ -231,21 +232,21 @@ int main() {
     cases.push_back({8, 9, 2, 4, 3, 4, 5, 3, true, true, push});
     cases.push_back({2, 1, 1, 6, 4, 8, 0, 1, true, true, push});
   }
-  // The backward ops: ag_nn on both lives, bulk_ag_nn on the movers-move life
-  // (both engines' bulk kernels), one CTA, all movers, fixed splits, 8 ranks.
+  // The backward ops: ag_nn on both builders, bulk_ag_nn (whose builders wait
+  // for nothing on either engine) once; one CTA, all movers, fixed splits, 8 ranks.
   for (Case::Op op : {Case::kNn, Case::kBulk})
     for (int tp : {1, 2, 3, 4})
       for (int W : {1, 3})
         for (int movers : {1, W})
           for (bool hopper : {false, true}) {
-            if (op == Case::kBulk && !hopper) continue;
+            if (op == Case::kBulk && hopper) continue;
             Case c{tp, W, movers, 3, 4, 3, 20, 2, hopper};
             c.op = op;
             cases.push_back(c);
           }
   for (Case::Op op : {Case::kNn, Case::kBulk}) {
-    Case fixed{2, 3, 1, 3, 4, 3, 20, 2, true, false};
-    Case wide{8, 9, 2, 4, 3, 3, 5, 3, true};
+    Case fixed{2, 3, 1, 3, 4, 3, 20, 2, false, false};
+    Case wide{8, 9, 2, 4, 3, 3, 5, 3, false};
     fixed.op = wide.op = op;
     cases.push_back(fixed);
     cases.push_back(wide);

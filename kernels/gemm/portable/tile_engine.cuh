@@ -1,53 +1,84 @@
-// Portable tile engine: the same interface as the Hopper engine
-// (gemm/sm90/tile_engine.cuh) on plain SIMT fp32 FMAs, so it runs on any CUDA
-// or HIP GPU. It is the correctness oracle for the fast engines and the
-// fallback for problems TMA cannot describe (unaligned leading dimensions).
+// Portable tile engine: the same interface and hook contract as the Hopper
+// engine (gemm/sm90/tile_engine.cuh, gemm/tile_hooks.h) on plain SIMT fp32
+// FMAs, so it runs on any CUDA or HIP GPU. It is ops.matmul's engine where TMA
+// cannot run, the correctness oracle for the fast engines, and the builders of
+// every fused TP+SP kernel's portable variant (tp/*.cuh), which plug in through
+// the hooks exactly as their Hopper variants do.
 //
 // Every thread of a CTA of kThreads calls run(problem, smem, scheduler,
-// hooks); thread 0 claims each tile and broadcasts it through shared memory.
-// All three layouts, any sizes: loads past the edges read zeros, stores past
-// them are skipped. Operands are InT (bf16 by default; f16 and fp32 too), all
-// arithmetic is fp32 FMA.
+// hooks); thread 0 claims each tile, runs before_tile, and broadcasts the claim
+// through shared memory. All three layouts, any sizes: loads past the edges
+// read zeros, stores past them are skipped. Operands are InT (bf16 by default;
+// f16 and fp32 too), all arithmetic is fp32 FMA in ascending k, whatever the
+// hooks, so a fused kernel's tiles have the bits of the plain GEMM's.
+// Hooks it honours: before_tile, before_k, tile_done (kTileDone), row_ptr
+// (kMapsRows) and a_source (kSplitA); the Hopper epilogue's combine, store-box
+// and trace hooks have no meaning here and are refused at compile time.
 #pragma once
+#include <cstddef>
+
 #include "gemm/elem.h"
 #include "gemm/tile_hooks.h"
 #include "gemm/tile_order.h"
 #include "gemm/tile_problem.h"
+#include "kosmos/types.h"
 
 namespace kosmos::portable {
 
+// The engine's tile. kBM is also the tile-row height the fused kernels' movers
+// copy and GEMM+RS stages and reduces by (tp/ag_gemm.cuh, tp/gemm_rs.cuh), on
+// either engine: the Hopper kernels assert their kBM equals it.
+constexpr int kBM = 128, kBN = 128, kBK = 16;
+constexpr int kThreads = 256;
+
+// Not a member of TileEngine: the fused kernels' shared state embeds it beside
+// their own fields, whatever layout and types their engine runs.
+struct EngineSmem {
+  float a[kBK][kBM];  // k-major, so a thread's kSub rows at one k are one broadcast row
+  float b[kBK][kBN];
+  gemm::TileCoord claim;
+  int claim_valid;
+};
+
 template <gemm::Layout L, class OutT, class InT = gemm::bf16>
 struct TileEngine {
-  static constexpr int kBM = 128, kBN = 128, kBK = 16;
-  static constexpr int kThreads = 256;
+  static constexpr int kBM = portable::kBM, kBN = portable::kBN, kBK = portable::kBK;
+  static constexpr int kThreads = portable::kThreads;
   static constexpr int kSub = 8;  // each thread owns a kSub x kSub strided sub-block
   static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
-
-  struct Smem {
-    float a[kBK][kBM];  // k-major, so a thread's kSub rows at one k are one broadcast row
-    float b[kBK][kBN];
-    gemm::TileCoord claim;
-    int claim_valid;
-  };
+  using Smem = EngineSmem;
   struct Acc {
     float v[kSub][kSub];
   };
 
-  // Operand element (row, k) of a rows x K operand of the given major, or 0 past the edge.
-  template <gemm::Major Mj>
+  // Tile t's A operand: `rows` rows, t's rows starting at tile row m of it.
+  struct ASrc {
+    const InT* a;
+    int rows, m;
+  };
+
+  // Operand element (row, k) of a rows x K operand of the given major, or 0 past
+  // the edge. kCg: an L2-only load, for rows written during the launch.
+  template <gemm::Major Mj, bool kCg>
   static KOSMOS_DEVICE float load(const InT* p, int rows, int K, int r, int k) {
     if (r >= rows || k >= K) return 0.f;
-    return gemm::load_f32(Mj == gemm::Major::K ? p + (size_t)r * K + k : p + (size_t)k * rows + r);
+    const InT* at = Mj == gemm::Major::K ? p + (size_t)r * K + k : p + (size_t)k * rows + r;
+    if constexpr (kCg) {
+      const InT v = load_cg_elem(at);
+      return gemm::load_f32(&v);
+    } else {
+      return gemm::load_f32(at);
+    }
   }
 
   // Stages one (kTile x kBK) operand block in smem; thread order follows the
   // contiguous index so global loads coalesce in either major.
-  template <gemm::Major Mj, int kTile>
+  template <gemm::Major Mj, int kTile, bool kCg>
   static KOSMOS_DEVICE void stage(const InT* p, int rows, int K, int r0, int k0, float (*dst)[kTile]) {
     for (int idx = threadIdx.x; idx < kTile * kBK; idx += kThreads) {
       const int r = Mj == gemm::Major::K ? idx / kBK : idx % kTile;
       const int k = Mj == gemm::Major::K ? idx % kBK : idx / kTile;
-      dst[k][r] = load<Mj>(p, rows, K, r0 + r, k0 + k);
+      dst[k][r] = load<Mj, kCg>(p, rows, K, r0 + r, k0 + k);
     }
   }
 
@@ -67,26 +98,51 @@ struct TileEngine {
     }
   }
 
-  static KOSMOS_DEVICE void store(const gemm::Problem& p, const Acc& acc, gemm::TileCoord t) {
+  // The Problem's A, or the matrix the hooks name for tile t (kSplitA: a pure
+  // function of t, so every thread asks rather than one broadcasting it).
+  template <class Hooks>
+  static KOSMOS_DEVICE ASrc a_of(const gemm::Problem& p, gemm::TileCoord t, const Hooks& h) {
+    if constexpr (gemm::split_a_v<Hooks>) {
+      int rows = 0, m = 0;
+      if (const InT* a = h.a_source(t, &rows, &m)) return {a, rows, m};
+    }
+    return {static_cast<const InT*>(p.a), p.M, t.m};
+  }
+
+  // Stores tile t: row r of C to the Problem's row-major [M, N], or where the
+  // hooks map it (kMapsRows: element (r, c) at row_ptr(t, r)[c], nullptr skips
+  // the row). Columns past N are skipped either way.
+  template <class Hooks>
+  static KOSMOS_DEVICE void store(const gemm::Problem& p, const Acc& acc, gemm::TileCoord t, const Hooks& h) {
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
     OutT* C = static_cast<OutT*>(p.c);
 #pragma unroll
     for (int i = 0; i < kSub; ++i) {
       const int r = t.m * kBM + ty + 16 * i;
-      if (r >= p.M) continue;
+      OutT* row;
+      if constexpr (Hooks::kMapsRows) {
+        row = h.template row_ptr<OutT>(t, r);
+        if (row == nullptr) continue;
+      } else {
+        if (r >= p.M) continue;
+        row = C + (size_t)r * p.N;
+      }
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
         const int c = t.n * kBN + tx + 16 * j;
-        if (c < p.N) gemm::store_f32(C + (size_t)r * p.N + c, acc.v[i][j]);
+        if (c < p.N) gemm::store_f32(row + c, acc.v[i][j]);
       }
     }
   }
 
   // CTA-wide: compute and store output tile t. Thread 0 has already run
   // hooks.before_tile(t); before_k runs on thread 0 ahead of each k-block.
+  // A named by a_source is read L2-only: the fused kernels' movers and peers
+  // write it during the launch (as every other read of moved rows is).
   template <class Hooks>
   static KOSMOS_DEVICE void tile(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
-    const auto* A = static_cast<const InT*>(p.a);
+    constexpr bool kCgA = gemm::split_a_v<Hooks>;
+    const ASrc a = a_of(p, t, h);
     const auto* B = static_cast<const InT*>(p.b);
     Acc acc;
 #pragma unroll
@@ -96,20 +152,24 @@ struct TileEngine {
     for (int k0 = 0; k0 < p.K; k0 += kBK) {
       if (threadIdx.x == 0) h.before_k(t, k0);
       __syncthreads();  // before_k's acquire, and the previous k-block's reads, precede the overwrite
-      stage<kMajorA, kBM>(A, p.M, p.K, t.m * kBM, k0, s.a);
-      stage<kMajorB, kBN>(B, p.N, p.K, t.n * kBN, k0, s.b);
+      stage<kMajorA, kBM, kCgA>(a.a, a.rows, p.K, a.m * kBM, k0, s.a);
+      stage<kMajorB, kBN, false>(B, p.N, p.K, t.n * kBN, k0, s.b);
       __syncthreads();
       mma_kblock(s, acc);
     }
-    store(p, acc, t);
+    store(p, acc, t, h);
     if constexpr (Hooks::kTileDone) {
-      __syncthreads();  // every store of the tile issued before the release
+      __syncthreads();  // every thread's stores of the tile precede thread 0's release in tile_done
       if (threadIdx.x == 0) h.tile_done(t);
     }
   }
 
+  // Returns when the scheduler has no tile left, every thread together (the
+  // fused kernels' CTA-wide roles follow).
   template <class Sched, class Hooks>
   static KOSMOS_DEVICE void run(const gemm::Problem& p, Smem& s, Sched& sched, Hooks& h) {
+    static_assert(!gemm::combines_v<Hooks> && !gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks>,
+                  "combine, store_box and tile_phase are Hopper epilogue hooks");
     for (;;) {
       if (threadIdx.x == 0) {
         gemm::TileCoord t{0, 0};
@@ -117,7 +177,7 @@ struct TileEngine {
         s.claim = t;
         if (s.claim_valid) h.before_tile(t);
       }
-      __syncthreads();
+      __syncthreads();  // thread 0's before_tile acquire precedes every thread's loads of the tile
       const gemm::TileCoord t = s.claim;
       const bool ok = s.claim_valid != 0;
       __syncthreads();  // everyone has read the claim before thread 0 writes the next

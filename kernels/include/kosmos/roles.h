@@ -1,6 +1,7 @@
 // Role policy, plain host/device code so the CPU emulation runs the same rules.
 // Movers transport, builders compute tiles. AG+GEMM switches one way: a mover
-// whose queue is empty becomes a builder for the rest of the kernel.
+// whose queue is empty becomes a builder for the rest of the kernel (tp/ag_sched.h
+// ag_cta); builders never move.
 #pragma once
 
 #include "kosmos/platform.h"
@@ -9,18 +10,11 @@ namespace kosmos {
 
 enum class Role : int { kMover = 0, kBuilder = 1 };
 
-// The first `movers` CTAs start as movers, the rest as builders. movers may be 0
-// (builders then move whatever they need themselves) or the whole grid.
+// The first `movers` CTAs start as movers, the rest as builders. movers may be
+// the whole grid; with peers the launchers keep it >= 1 (builders never move).
 KOSMOS_HD inline Role initial_role(int cta, int grid, int movers) {
   (void)grid;
   return cta < movers ? Role::kMover : Role::kBuilder;
-}
-
-// One-way switching (paper §3.1): once a mover finds its queue empty it builds;
-// a builder never returns to moving except to help with an unclaimed input.
-KOSMOS_HD inline Role one_way_after_empty(Role r) {
-  (void)r;
-  return Role::kBuilder;
 }
 
 // Movers a grid gets when the caller does not choose: none with no peers;
@@ -44,19 +38,11 @@ namespace kosmos {
 
 // The first `reducers` CTAs start as reducers, clamped so at least one CTA starts
 // as a builder: with one CTA it builds every tile before reducing. Correctness
-// does not rest on the clamp (a reducer builds the tiles its band needs, see
-// rs_reduce), it only keeps a small grid from starting with nobody building.
+// rests on the clamp: reducers never build, they wait for the builders' claims
+// (tp/rs_sched.h rs_cta). A builder whose GEMM queue is empty reduces (one way).
 KOSMOS_HD inline Role rs_initial_role(int cta, int grid, int reducers) {
   const int r = reducers < grid - 1 ? reducers : grid - 1;
   return cta < r ? Role::kMover : Role::kBuilder;
-}
-
-// One-way switching: a builder that finds the GEMM queue empty reduces for the
-// rest of the kernel; a reducer never goes back to the GEMM queue except to
-// claim tiles of a step its own band waits on.
-KOSMOS_HD inline Role rs_after_build_empty(Role r) {
-  (void)r;
-  return Role::kMover;
 }
 
 // Reducers a grid starts with when the caller does not choose: the AG mover
