@@ -3,10 +3,7 @@
 #pragma once
 #include "xla/ffi/api/ffi.h"
 
-// kosmos_copy: y = x, byte for byte (the FFI chain's smoke test).
-XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cpu);
 #ifdef KOSMOS_WITH_CUDA
-XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_copy_cuda);
 // kosmos_ag_tn: y = allgather_rows(x) @ w, fused (kernels/tp/ag_gemm.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_tn_cuda);
 // kosmos_matmul: one GEMM in layout TN, NN or NT (kernels/gemm; csrc/matmul_cuda.cu).

@@ -31,12 +31,6 @@ static nb::capsule Encapsulate(T* fn) {
 // {target name: {platform: handler capsule}}
 static nb::dict Registrations() {
   nb::dict out;
-  nb::dict copy;
-  copy["cpu"] = Encapsulate(kosmos_copy_cpu);
-#ifdef KOSMOS_WITH_CUDA
-  copy["CUDA"] = Encapsulate(kosmos_copy_cuda);
-#endif
-  out["kosmos_copy"] = copy;
 #ifdef KOSMOS_WITH_CUDA
   nb::dict ag_tn;
   ag_tn["CUDA"] = Encapsulate(kosmos_ag_tn_cuda);

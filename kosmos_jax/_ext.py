@@ -54,11 +54,12 @@ def _registered() -> tuple[frozenset, str | None]:
 
 
 def loaded() -> Availability:
-  """Whether the extension imported and registered its FFI targets."""
+  """Whether the extension imported and registered its FFI targets (a build
+  without CUDA kernels exports none, and is still loaded)."""
   done, why = _registered()
-  if not done:
-    return Availability(False, why or "extension registered no FFI targets")
-  return Availability(True, "extension loaded")
+  if not done and why:
+    return Availability(False, why)
+  return Availability(True, "extension loaded" if done else "extension loaded; it exports no FFI targets")
 
 
 def has_target(name: str, platform: str) -> bool:

@@ -1,15 +1,16 @@
-"""The compiled extension: build -> load -> register -> ffi_call, on the CPU handler.
+"""The compiled extension: build -> load -> register, without a GPU.
 
-CI builds the module (with its CUDA kernels, since nvcc is there); the CPU handler
-of kosmos_copy proves the chain without a GPU. tests/gpu/ runs the CUDA one."""
+CI builds the module with its CUDA kernels (nvcc is there). Registering a CUDA
+FFI target needs no GPU, so a CPU machine checks that the module exports, and JAX
+accepts, exactly the `kosmos_<op>` target of every op with a fused kernel.
+tests/gpu/ runs the calls."""
 import os
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from kosmos_jax import _ext, ops
+from kosmos_jax.testing import fused_ops
 from helpers import fresh
 
 REQUIRE = os.environ.get("KOSMOS_REQUIRE_EXT", "") not in ("", "0")
@@ -26,20 +27,26 @@ def test_extension_loaded_when_required():
   if not REQUIRE:
     pytest.skip("KOSMOS_REQUIRE_EXT not set")
   assert _ext.loaded(), _ext.loaded().reason
-  assert _ext.has_target("kosmos_copy", "cpu")
+  assert _ext._module()[0].cuda_built(), "CI's build has nvcc, so it must compile the CUDA kernels"
 
 
 @pytest.mark.skipif(not _ext.loaded(), reason=f"extension not loaded: {_ext.loaded().reason}")
-@pytest.mark.parametrize("shape,dtype", [((37,), jnp.float32), ((5, 33), jnp.bfloat16),
-                                         ((3, 4, 5), jnp.float16), ((0,), jnp.float32)])
-def test_copy_through_ffi(shape, dtype):
-  x = fresh(shape, dtype)
-  y = jax.jit(ops.copy)(x)
-  assert y.dtype == x.dtype and y.shape == x.shape
-  np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+def test_every_fused_op_has_its_registered_target():
+  mod, _ = _ext._module()
+  if not mod.cuda_built():
+    pytest.skip("extension built without CUDA kernels: it exports no FFI targets")
+  want = {f"kosmos_{op}" for op in fused_ops()}
+  assert set(mod.registrations()) == want, "the module's targets and the ops' fused kernels differ"
+  for name in sorted(want):
+    assert _ext.has_target(name, "cuda"), f"{name}: exported but not registered: {_ext._registered()[1]}"
 
 
-def test_copy_without_extension_raises(monkeypatch):
-  monkeypatch.setattr(_ext, "loaded", lambda: _ext.Availability(False, "test: disabled"))
+def test_missing_extension_is_explained(monkeypatch):
+  """Without the extension nothing is registered, every status says why, and a
+  call that insists on the fused path raises with that reason."""
+  monkeypatch.setattr(_ext, "_registered", lambda: (frozenset(), "test: disabled"))
+  assert not _ext.loaded() and _ext.loaded().reason == "test: disabled"
+  assert not _ext.available() and _ext.available().reason == "test: disabled"
+  assert not _ext.has_target("kosmos_matmul", "cuda")
   with pytest.raises(NotImplementedError, match="test: disabled"):
-    ops.copy(fresh((4,)))
+    ops.matmul(fresh((8, 16), jnp.bfloat16), fresh((16, 8), jnp.bfloat16), layout="TN", impl="fused")

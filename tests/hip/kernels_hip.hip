@@ -10,7 +10,6 @@
 #include "tp/bulk_ag.cuh"
 #include "tp/bulk_rs.cuh"
 #include "tp/gemm_rs.cuh"
-#include "util/copy.cuh"
 
 namespace kosmos {
 // TP+SP forward: AG+GEMM and GEMM+RS (kernels/tp/ag_gemm.cuh, kernels/tp/gemm_rs.cuh).
@@ -35,4 +34,3 @@ template __global__ void portable_gemm<gemm::Layout::TN, bf16_t, bf16_t>(gemm::P
 template __global__ void portable_gemm<gemm::Layout::NN, bf16_t, bf16_t>(gemm::Problem);
 template __global__ void portable_gemm<gemm::Layout::NT, bf16_t, bf16_t>(gemm::Problem);
 }  // namespace kosmos::portable
-// copy_kernel (kernels/util/copy.cuh) is not a template: the include defines it.
