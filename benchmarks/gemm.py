@@ -237,8 +237,8 @@ def main():
                   "before its timed windows")
   ap.add_argument("--layouts", default="TN,NN,NT")
   ap.add_argument("--limit", type=int, default=24, help="first N shapes per layout")
-  ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128, "
-                  "128x256c2 (2-CTA clusters) or single (default: plan_gemm's plan)")
+  ap.add_argument("--tile", default="", help="KOSMOS_SM90_TILE for the kosmos arm: 128x256, 128x192, 128x128 "
+                  "or single (default: plan_gemm's plan)")
   ap.add_argument("--from-csv", type=pathlib.Path, help="summarize and plot this gemm.csv; time nothing")
   args = ap.parse_args()
   if args.from_csv:

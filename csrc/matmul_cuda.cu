@@ -177,9 +177,6 @@ static ffi::Error MatmulCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
     if (forced == -2)
       return Fail(std::string("KOSMOS_SM90_TILE=") + std::getenv("KOSMOS_SM90_TILE") +
                   " is not a tile shape; use one of " + tile_names() + " or unset it");
-    if (forced == static_cast<int>(sm90::TileShape::k128x256c2) && grid < 2)
-      return Fail("KOSMOS_SM90_TILE=128x256c2 runs 2-CTA clusters: cu_cap=" + std::to_string(cu_cap) +
-                  " must be at least 2");
     const sm90::Plan plan = pick_plan(p, grid, forced);
     ran = static_cast<int>(plan.head);
     if (plan.head_rows < p.M) ran_tail = static_cast<int>(plan.tail);

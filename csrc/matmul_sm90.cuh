@@ -11,7 +11,7 @@ namespace kosmos {
 
 // The engine configuration of each tile shape, beside its staged output tile:
 // 128x256 with 3 stages (211 KB of smem), 128x192 with 4 (213 KB), 128x128
-// with 5 (199 KB); 128x256c2 is 128x256 in 2-CTA clusters (B multicast).
+// with 5 (199 KB).
 template <gemm::Layout L, sm90::TileShape T>
 struct Sm90Config;
 template <gemm::Layout L>
@@ -20,8 +20,6 @@ template <gemm::Layout L>
 struct Sm90Config<L, sm90::TileShape::k128x192> : sm90::TileConfig<L, 128, 192, 4> {};
 template <gemm::Layout L>
 struct Sm90Config<L, sm90::TileShape::k128x128> : sm90::TileConfig<L, 128, 128, 5> {};
-template <gemm::Layout L>
-struct Sm90Config<L, sm90::TileShape::k128x256c2> : sm90::TileConfig<L, 128, 256, 3, true, 2> {};
 
 template <gemm::Layout L>
 cudaError_t sm90_gemm_shape(sm90::TileShape t, const gemm::Problem& p, int grid, cudaStream_t s, int group) {
@@ -31,8 +29,6 @@ cudaError_t sm90_gemm_shape(sm90::TileShape t, const gemm::Problem& p, int grid,
     case TileShape::k128x256: return launch_gemm<Sm90Config<L, TileShape::k128x256>, gemm::bf16>(p, grid, s, group);
     case TileShape::k128x192: return launch_gemm<Sm90Config<L, TileShape::k128x192>, gemm::bf16>(p, grid, s, group);
     case TileShape::k128x128: return launch_gemm<Sm90Config<L, TileShape::k128x128>, gemm::bf16>(p, grid, s, group);
-    case TileShape::k128x256c2:
-      return launch_gemm<Sm90Config<L, TileShape::k128x256c2>, gemm::bf16>(p, grid, s, group);
   }
   return cudaErrorInvalidValue;
 }

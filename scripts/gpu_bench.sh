@@ -19,7 +19,7 @@
 #              TESTS=none  skips the loopback tests run first;  MATMUL=1  also runs
 #              tests/gpu/test_matmul.py (an engine change reaches the standalone GEMM too)
 #   gemm       PROTOCOLS (default sustained; also interleaved, blocks), CAPS=116,
-#              LAYOUTS=TN,NN,NT, TILE (KOSMOS_SM90_TILE for our arm, e.g. 128x256c2),
+#              LAYOUTS=TN,NN,NT, TILE (KOSMOS_SM90_TILE for our arm, e.g. 128x192),
 #              NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN), TESTS=tests/gpu/test_matmul.py|none
 #   engine     SHAPES=quick|all|none, ALL_TILES=1 (every tile shape alone), BENCH_TIMEOUT=300,
 #              CUTLASS_INCLUDE=DIR (default: the nvidia-cutlass package, or the wheel in .whl/),

@@ -1,6 +1,5 @@
 // Timing half of the driver: our engine (plan_gemm's plan, at its swizzle
-// group and at 8, 128x256 in 2-CTA clusters, and with all_tiles every tile
-// shape alone) vs cuBLAS on the shapes of a file, CUDA events around each
+// group and at 8, and with all_tiles every tile shape alone) vs cuBLAS on the shapes of a file, CUDA events around each
 // call, median of kIters, inputs rotated among several sets so small shapes
 // are not timed out of L2.
 #include <cublas_v2.h>
@@ -71,9 +70,8 @@ void warm_up(cublasHandle_t h, cudaStream_t s) {
 
 struct Ratios {
   // cuBLAS time / ours (bursts): plan_gemm's plan, the same at swizzle group 8
-  // (the rule before 2026-12-01), 128x256 in 2-CTA clusters, each tile shape
-  // alone (with all_tiles).
-  std::vector<double> plan, group8, c2, tile[kTiles];
+  // (the rule before 2026-12-01), each tile shape alone (with all_tiles).
+  std::vector<double> plan, group8, tile[kTiles];
 };
 
 // What one shape times: our configurations by label, each a launch of `plan`.
@@ -86,7 +84,7 @@ std::vector<Arm> arms_of(const Shape& sh, int sms, bool all_tiles) {
   const kosmos::sm90::Plan plan = kosmos::sm90::plan_gemm(sh.M, sh.N, sh.K, sms);
   kosmos::sm90::Plan g8 = plan;
   g8.group = 8;
-  std::vector<Arm> arms{{"plan", plan}, {"group8", g8}, {"c2", kosmos::sm90::single(Tile::k128x256c2, sh.M)}};
+  std::vector<Arm> arms{{"plan", plan}, {"group8", g8}};
   for (int ti = 0; all_tiles && ti < kTiles; ++ti)
     arms.push_back({tile_name((Tile)ti), kosmos::sm90::single((Tile)ti, sh.M)});
   return arms;
@@ -137,8 +135,7 @@ void bench_shape(const Shape& sh, cublasHandle_t h, cudaStream_t s, bool all_til
   const double flop = 2.0 * sh.M * sh.N * (double)sh.K;
   out.plan.push_back(t_blas[1] / t[1][0]);
   out.group8.push_back(t_blas[1] / t[1][1]);
-  out.c2.push_back(t_blas[1] / t[1][2]);
-  for (int ti = 0; all_tiles && ti < kTiles; ++ti) out.tile[ti].push_back(t_blas[1] / t[1][3 + ti]);
+  for (int ti = 0; all_tiles && ti < kTiles; ++ti) out.tile[ti].push_back(t_blas[1] / t[1][2 + ti]);
   const kosmos::sm90::Plan& plan = arms[0].plan;
   for (int mode = 0; mode < 2; ++mode) {
     printf("bench %-5s %-16s %s M=%6d N=%6d K=%6d cublas %7.3f ms %5.0f TF | plan %s", mode ? "burst" : "alone",
@@ -178,8 +175,8 @@ int bench_file(const char* path, cublasHandle_t h, cudaStream_t s, bool all_tile
   for (Layout l : {Layout::TN, Layout::NN, Layout::NT}) {
     const auto& x = r[(int)l];
     if (x.plan.empty()) continue;
-    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): plan_gemm %.3f  group8 %.3f  c2 %.3f",
-           bench::layout_name(l), x.plan.size(), bench::kBurst, geo(x.plan), geo(x.group8), geo(x.c2));
+    printf("geomean %s over %zu shapes (cuBLAS time / ours, bursts of %d calls): plan_gemm %.3f  group8 %.3f",
+           bench::layout_name(l), x.plan.size(), bench::kBurst, geo(x.plan), geo(x.group8));
     for (int ti = 0; all_tiles && ti < bench::kTiles; ++ti)
       printf(" %s %.3f", bench::tile_name((bench::Tile)ti), geo(x.tile[ti]));
     printf("\n");

@@ -52,21 +52,4 @@ struct StaticScheduler {
   }
 };
 
-// A static schedule for clusters of `size` CTAs stacked along M (TMA multicast
-// of the shared B tile): cluster c walks `inner` (built over tile-row groups of
-// `size`, with cluster indices as CTA indices) and its CTA `rank` takes tile
-// row size * m + rank. Every CTA of a cluster makes the same number of claims
-// in the same order, as the multicast needs; a row past the problem is still
-// claimed (its loads read zeros, its stores are skipped).
-struct ClusterRowScheduler {
-  StaticScheduler inner;
-  int size, rank;
-
-  KOSMOS_HD bool next(TileCoord& t) {
-    if (!inner.next(t)) return false;
-    t.m = t.m * size + rank;
-    return true;
-  }
-};
-
 }  // namespace kosmos::gemm

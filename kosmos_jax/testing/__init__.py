@@ -41,7 +41,7 @@ def builder_runs() -> dict[str, dict[str, int]]:
 
 def engine_runs() -> dict[str, int]:
   """kosmos_matmul launches per engine since the process started
-  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'sm90_128x256c2', 'portable')."""
+  ('sm90_128x256', 'sm90_128x128', 'sm90_128x192', 'portable')."""
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "matmul_engine_runs"):
     raise NotImplementedError(f"kosmos_matmul engine counters unavailable: {why or 'extension built without CUDA'}")

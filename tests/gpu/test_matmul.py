@@ -173,7 +173,7 @@ def _in_child(tile, problems):
 def test_forced_tile_shape():
   """KOSMOS_SM90_TILE forces the Hopper tile shape: a problem the wave model gives
   128x256 runs 128x128; a name that is no tile shape fails the call, naming the
-  valid ones."""
+  valid ones, and so does the retired 2-CTA cluster shape's."""
   if getattr(_gpu(), "compute_capability", "") != "9.0":
     pytest.skip("tile shapes are the Hopper engine's")
   problem = [("TN", (4096, 512), (512, 4096))]
@@ -183,6 +183,8 @@ def test_forced_tile_shape():
   bad, out = _in_child("64x64", problem)
   assert out is None and "KOSMOS_SM90_TILE=64x64 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
   assert "128x192" in bad.stderr and "single" in bad.stderr, bad.stderr[-3000:]
+  bad, out = _in_child("128x256c2", problem)
+  assert out is None and "KOSMOS_SM90_TILE=128x256c2 is not a tile shape" in bad.stderr, bad.stderr[-3000:]
 
 
 def test_split_plan_head_and_tail():
@@ -204,19 +206,3 @@ def test_split_plan_head_and_tail():
   assert out["runs"] == {"sm90_128x128": 2}, out
   assert all(e < 1e-2 for e in out["errs"]), out
 
-
-def test_clustered_tile_shape():
-  """KOSMOS_SM90_TILE=128x256c2: 128x256 tiles in 2-CTA clusters with the B tile multicast,
-  every layout, an odd number of tile rows (the pair's second CTA claims a row past the end:
-  zeros loaded, nothing stored), sizes that are not tile multiples, and an odd CU cap (rounded
-  down to whole clusters). A cap below one cluster fails the call and says why."""
-  if getattr(_gpu(), "compute_capability", "") != "9.0":
-    pytest.skip("clusters are the Hopper engine's")
-  problems = [("TN", (2 * 128 + 40, 512), (512, 776)), ("NN", (1000, 520), (1040, 520)),
-              ("NT", (517, 872), (517, 1288)), ("TN", (2048, 1024), (1024, 1024), 7)]
-  r, out = _in_child("128x256c2", problems)
-  assert out is not None, r.stderr[-3000:]
-  assert out["runs"] == {"sm90_128x256c2": 4}, out
-  assert all(e < 1e-2 for e in out["errs"]), out
-  bad, out = _in_child("128x256c2", [("TN", (256, 256), (256, 256), 1)])
-  assert out is None and "cu_cap=1 must be at least 2" in bad.stderr, bad.stderr[-3000:]

@@ -1,7 +1,6 @@
 // Host check of what the Hopper GEMM decides before a tile is built
 // (kernels/gemm/tile_order.h, kernels/gemm/sm90/tile_choice.h): for many grids
-// and group sizes the static swizzled schedule claims every tile exactly once
-// (2-CTA clusters: in lockstep),
+// and group sizes the static swizzled schedule claims every tile exactly once,
 // the wave model picks the tile shapes measured fastest on the paper's shapes
 // (benchmarks/RESULTS.md, 2026-12-01), and plan_gemm's head/tail splits are
 // well formed and taken only where predicted kSplitMinGain faster, and the
@@ -14,7 +13,6 @@
 #include "gemm/tile_order.h"
 
 using namespace kosmos;
-using gemm::ClusterRowScheduler;
 using gemm::StaticScheduler;
 using gemm::SwizzledOrder;
 using gemm::TileCoord;
@@ -45,36 +43,6 @@ void check_order(int tm, int tn, int group, int grid) {
     }
 }
 
-// 2-CTA clusters (ClusterRowScheduler): both CTAs of a cluster claim the same
-// number of tiles, in lockstep, in one tile column and adjacent tile rows (what
-// the B multicast needs); the only extra claims are rows past the end.
-void check_cluster_order(int tm, int tn, int group, int size, int clusters) {
-  std::vector<int> seen(tm * tn, 0);
-  const int rows = (tm + size - 1) / size, padded = rows * size;
-  auto claims = [&](int c, int r) {
-    ClusterRowScheduler s{StaticScheduler(SwizzledOrder{rows, tn, group}, c, clusters), size, r};
-    std::vector<TileCoord> out;
-    for (TileCoord t{0, 0}; s.next(t);) out.push_back(t);
-    return out;
-  };
-  bool ok = true;
-  for (int c = 0; c < clusters; ++c) {
-    std::vector<std::vector<TileCoord>> cta;
-    for (int r = 0; r < size; ++r) cta.push_back(claims(c, r));
-    for (int r = 0; r < size; ++r) {
-      ok = ok && cta[r].size() == cta[0].size();
-      for (size_t i = 0; i < cta[r].size() && i < cta[0].size(); ++i) {
-        const TileCoord t = cta[r][i], t0 = cta[0][i];
-        ok = ok && t.n == t0.n && t.m == t0.m + r && t.m % size == r && t.m < padded && t.n < tn;
-        if (t.m < tm && t.n < tn) ++seen[t.m * tn + t.n];
-      }
-    }
-  }
-  for (int v : seen) ok = ok && v == 1;
-  if (!ok && ++failures <= 20)
-    std::printf("FAIL cluster order: tiles %dx%d group %d cluster %d clusters %d\n", tm, tn, group, size, clusters);
-}
-
 void check_choice(const char* what, int M, int N, int grid, TileShape want) {
   const TileShape got = sm90::choose_tile(M, N, grid);
   if (got != want && ++failures <= 20)
@@ -94,15 +62,10 @@ void check_plan(const char* what, int M, int N, int K, int grid, sm90::Plan want
   }
 }
 
-// Any plan: never the clustered shape (only on request); one launch, or a
-// head of whole 128-row tiles strictly inside M
+// Any plan: one launch, or a head of whole 128-row tiles strictly inside M
 // and a narrower tail, predicted kSplitMinGain faster than choose_tile's launch.
 void check_plan_valid(int M, int N, int grid) {
   const sm90::Plan p = sm90::plan_gemm(M, N, 4096, grid);
-  if (p.head == TileShape::k128x256c2 || p.tail == TileShape::k128x256c2) {
-    if (++failures <= 20) std::printf("FAIL plan for M=%d N=%d grid=%d picked the clustered shape\n", M, N, grid);
-    return;
-  }
   if (p.head_rows >= M) return;
   const double split = sm90::predicted_waves(p.head, p.head_rows, N, grid) +
                        sm90::predicted_waves(p.tail, M - p.head_rows, N, grid);
@@ -121,10 +84,6 @@ int main() {
     for (int tn = 1; tn <= 9; ++tn)
       for (int group : {1, 2, 4, 8, 11, 14, 16})
         for (int grid : {1, 2, 3, 7, 32, 132}) check_order(tm, tn, group, grid), ++cases;
-  for (int tm = 1; tm <= 11; ++tm)
-    for (int tn = 1; tn <= 6; ++tn)
-      for (int group : {1, 2, 4, 8})
-        for (int clusters = 1; clusters <= 7; ++clusters) check_cluster_order(tm, tn, group, 2, clusters), ++cases;
   // Engine terms (C[M,N]); each pick was the fastest measured, by more than noise.
   check_choice("TN 8B-QKV-MBS1", 8192, 768, 132, TileShape::k128x192), ++cases;
   check_choice("NT 8B-QKV-MBS2", 768, 4096, 132, TileShape::k128x192), ++cases;

@@ -86,32 +86,6 @@ KOSMOS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity, const char* what, u
   }
 }
 
-// Thread-block clusters (the 128x256c2 configuration's 2-CTA clusters; a launch
-// without clusters is a cluster of one).
-KOSMOS_DEVICE uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster: the CTAs' earlier shared-memory
-// writes and mbarrier inits are visible cluster-wide after it, and no CTA
-// leaves while a peer may still arrive on its barriers or write its rings.
-KOSMOS_DEVICE void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// One arrival on the mbarrier at the same shared-memory offset as `bar` in CTA
-// `cta` of this cluster. Default (.release.cta) semantics: what it orders are
-// this warp's completed wgmma reads, before a TMA overwrite; a .release.cluster
-// arrive here made the clustered GEMM 0.58x cuBLAS (2026-12-01, RESULTS.md).
-KOSMOS_DEVICE void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
 // Barrier among `threads` threads (a multiple of 32) that use the same id;
 // id 0 is __syncthreads, so engines use ids from 1.
 KOSMOS_DEVICE void named_barrier(uint32_t id, uint32_t threads) {

@@ -10,12 +10,8 @@
 
 namespace kosmos::sm90 {
 
-// k128x256c2: 128x256 tiles in 2-CTA clusters along M with the B tile multicast
-// (a third less L2 -> SM traffic per tile). Only on request (KOSMOS_SM90_TILE,
-// the standalone bench): in short timings it was no faster than k128x256
-// (2026-12-01); whether its lower traffic pays under the power limit is open.
-enum class TileShape : int { k128x256 = 0, k128x128 = 1, k128x192 = 2, k128x256c2 = 3 };
-constexpr int kTileShapes = 4;
+enum class TileShape : int { k128x256 = 0, k128x128 = 1, k128x192 = 2 };
+constexpr int kTileShapes = 3;
 
 constexpr int tile_n(TileShape t) { return t == TileShape::k128x128 ? 128 : t == TileShape::k128x192 ? 192 : 256; }
 
@@ -24,7 +20,6 @@ inline const char* tile_name(TileShape t) {
     case TileShape::k128x256: return "128x256";
     case TileShape::k128x128: return "128x128";
     case TileShape::k128x192: return "128x192";
-    case TileShape::k128x256c2: return "128x256c2";
   }
   return "?";
 }
@@ -32,9 +27,8 @@ inline const char* tile_name(TileShape t) {
 // Throughput of each shape's full waves relative to 128x256 (work per wave /
 // time), indexed by TileShape: fitted to all 72 paper shapes on H200
 // (2026-12-01, benchmarks/gemm_standalone, benchmarks/RESULTS.md), where it
-// picks the fastest measured shape to within 1% geomean per layout. The
-// clustered shape is never picked (choose_tile does not consider it).
-constexpr double kWaveEfficiency[kTileShapes] = {1.0, 0.84, 0.94, 1.0};
+// picks the fastest measured shape to within 1% geomean per layout.
+constexpr double kWaveEfficiency[kTileShapes] = {1.0, 0.84, 0.94};
 
 // Predicted time of a problem on `grid` CTAs, in units of one 128x256 wave:
 // ceil(tiles / grid) waves, each costing its tile area over its efficiency.
@@ -61,7 +55,7 @@ inline TileShape choose_tile(int M, int N, int grid) {
 struct Plan {
   TileShape head, tail;
   int head_rows;  // a multiple of 128, or >= M for one launch
-  int group = 0;  // tile-rows (cluster rows) per swizzle band (gemm/tile_order.h); 0: swizzle_group's rule
+  int group = 0;  // tile-rows per swizzle band (gemm/tile_order.h); 0: swizzle_group's rule
 };
 
 // Cost of the second launch in time (a launch behind a drained one on the

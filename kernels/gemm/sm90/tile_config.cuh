@@ -44,13 +44,7 @@ using SmemRing = decltype(tile_to_shape(
 // stage: 3 stages + the buffer fill ~211 KB of the 227 KB. Without it the
 // consumers store from registers (needed for fp32 outputs: their tile would
 // not fit beside the ring).
-//
-// ClusterM: CTAs per thread-block cluster along M. With 2, the two CTAs build
-// vertically adjacent tiles of one tile column and each loads half of the
-// shared B tile, multicast into both (TMA multicast): a third less L2 -> SM
-// traffic per tile. Only for schedules that hand both CTAs the same number of
-// tiles in lockstep (gemm::ClusterRowScheduler): the standalone GEMM's.
-template <gemm::Layout L, int BM_, int BN_, int Stages_, bool SmemEpi_ = true, int ClusterM_ = 1>
+template <gemm::Layout L, int BM_, int BN_, int Stages_, bool SmemEpi_ = true>
 struct TileConfig {
   static constexpr gemm::Layout kLayout = L;
   static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
@@ -70,8 +64,6 @@ struct TileConfig {
   // every stage, edge tiles included, lands exactly this many bytes.
   static constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * sizeof(bf16);
   static constexpr bool kSmemEpilogue = SmemEpi_;
-  static constexpr int kClusterM = ClusterM_;
-  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of one or two CTAs along M");
   // Row pitch of the staged output tile in 16-bit elements: 16 bytes of
   // padding make a row 16-byte aligned for the bulk copy and put the 8 rows a
   // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
@@ -106,18 +98,6 @@ auto make_operand_tma(const bf16* p, int rows, int k, int ld) {
   return make_tma_copy(SM90_TMA_LOAD{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}));
 }
 
-// B's TMA: each of the cluster's `Multicast` CTAs loads 1/Multicast of the
-// tile and multicasts it to all of them.
-template <gemm::Major Mj, class Ring, int Multicast>
-auto make_shared_operand_tma(const bf16* p, int rows, int k, int ld) {
-  if constexpr (Multicast == 1) {
-    return make_operand_tma<Mj, Ring>(p, rows, k, ld);
-  } else {
-    return make_tma_copy(SM90_TMA_LOAD_MULTICAST{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}),
-                         Int<Multicast>{});
-  }
-}
-
 // TMA store of staged output boxes (Cfg::OutBox) into a row-major bf16 [rows, cols]
 // matrix with leading dimension ld; boxes past its edge are clipped by TMA.
 template <class Cfg>
@@ -133,7 +113,7 @@ auto make_output_tma(void* p, int rows, int cols, int ld) {
 template <class Cfg>
 struct Params {
   using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
-  using TmaB = decltype(make_shared_operand_tma<Cfg::kMajorB, typename Cfg::RingB, Cfg::kClusterM>(nullptr, 1, 1, 1));
+  using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1, 1));
   using TmaC = decltype(make_output_tma<Cfg>(nullptr, 1, 1, 1));
   TmaA tma_a;
   TmaB tma_b;
@@ -149,7 +129,7 @@ Params<Cfg> make_params(const gemm::Problem& p) {
   const int lda = gemm::leading_dim_a(Cfg::kLayout, p);
   const int ldb = Cfg::kMajorB == gemm::Major::K ? p.K : p.N;
   Params<Cfg> q{make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(a, p.M, p.K, lda),
-                make_shared_operand_tma<Cfg::kMajorB, typename Cfg::RingB, Cfg::kClusterM>(b, p.N, p.K, ldb),
+                make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(b, p.N, p.K, ldb),
                 {}, p.c, p.M, p.N, p.K};
   // The staged epilogue stores bf16 C by TMA when N % 8 == 0 (epilogue.cuh
   // smem_epilogue); a fused kernel passes no C.

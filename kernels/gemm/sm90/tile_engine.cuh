@@ -44,10 +44,8 @@ struct TileEngine {
   static CUTE_DEVICE void init(const P& p, S& s) {
     if (threadIdx.x == 0) {
       for (int i = 0; i < kStages; ++i) {
-        mbar_init(&s.full[i], 1);  // the producer's arrive_expect_tx
-        // Every consumer warp of every CTA of the cluster: a stage's B half is
-        // multicast into all of them, so all must be done with it.
-        mbar_init(&s.empty[i], Cfg::kConsumerWarps * Cfg::kClusterM);
+        mbar_init(&s.full[i], 1);                      // the producer's arrive_expect_tx
+        mbar_init(&s.empty[i], Cfg::kConsumerWarps);  // every consumer warp done reading
       }
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
@@ -65,11 +63,7 @@ struct TileEngine {
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
       prefetch_tma_descriptor(p.tma_b.get_tma_descriptor());
     }
-    if constexpr (Cfg::kClusterM > 1) {
-      cluster_sync();  // a peer's first multicast or release finds our barriers initialised
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
   }
 
   // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks
@@ -92,18 +86,9 @@ struct TileEngine {
     Tensor gB = local_tile(p.tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
-    // (TMA, k-block) sources and (TMA, stage) destinations; B: this CTA's
-    // 1/kClusterM of the tile, multicast to the whole cluster.
+    // (TMA, k-block) sources and (TMA, stage) destinations.
     auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-    auto part_b = [&] {
-      if constexpr (Cfg::kClusterM > 1) {
-        return tma_partition(p.tma_b, cluster_ctarank(), Layout<Int<Cfg::kClusterM>>{}, group_modes<0, 2>(sB),
-                             group_modes<0, 2>(gB));
-      } else {
-        return tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
-      }
-    };
-    auto [tBg, tBs] = part_b();
+    auto [tBg, tBs] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     h.before_tile(t);
     const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
     for (int k = 0; k < kblocks; ++k) {
@@ -111,25 +96,16 @@ struct TileEngine {
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
       copy(tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
-      if constexpr (Cfg::kClusterM > 1) {
-        copy(p.tma_b.with(s.full[ring.slot], uint16_t((1u << Cfg::kClusterM) - 1)), tBg(_, k), tBs(_, ring.slot));
-      } else {
-        copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
-      }
+      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
       ring.advance(kStages);
     }
   }
 
   // Consumer warp: stage `slot` may be overwritten once this warp's wgmmas
-  // that read it have completed; in a cluster, by any CTA's multicast.
+  // that read it have completed.
   static CUTE_DEVICE void release(S& s, int slot) {
     if (threadIdx.x % 32 != 0) return;
     mbar_arrive(&s.empty[slot]);
-    if constexpr (Cfg::kClusterM > 1) {
-      const uint32_t me = cluster_ctarank();
-      for (uint32_t c = 0; c < Cfg::kClusterM; ++c)
-        if (c != me) mbar_arrive_cluster(&s.empty[slot], c);
-    }
   }
 
   // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
@@ -479,7 +455,6 @@ struct TileEngine {
       regs_dealloc<kEvenRegs>();
       named_barrier_arrive(kRegsBackBarrier, Cfg::kThreads);
     }
-    if constexpr (Cfg::kClusterM > 1) cluster_sync();  // peers may still release into our barriers
   }
 };
 
