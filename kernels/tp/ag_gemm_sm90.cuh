@@ -102,9 +102,7 @@ struct AgSm90Hooks {
     const int src = t.m / T;
     const int lr = r - src * T * portable::kBM;
     if (lr >= rows) return nullptr;
-    const int b = lr / m_local;
-    const size_t row = ((size_t)b * tp + src) * m_local + (lr - b * m_local);
-    return reinterpret_cast<OutT*>(y) + row * N;
+    return reinterpret_cast<OutT*>(y) + ag_gathered_row(src, lr, tp, m_local) * N;
   }
 };
 

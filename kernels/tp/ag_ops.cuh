@@ -150,7 +150,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::land(char* slot_dst, cons
   const int r1 = min((t + 1) * portable::kBM, p.rows);
   for (int g = t * portable::kBM; g < r1;) {
     const int b = g / p.m_local, e = min(r1, (b + 1) * p.m_local);
-    char* out = reinterpret_cast<char*>(p.g_out) + (((size_t)b * p.tp + src) * p.m_local + (g - b * p.m_local)) * rb;
+    char* out = reinterpret_cast<char*>(p.g_out) + ag_gathered_row(src, g, p.tp, p.m_local) * rb;
     cta_copy16_to<kMoveInFlight, true>(out, slot_dst ? slot_dst + g * rb : nullptr, from + g * rb, (e - g) * rb);
     g = e;
   }

@@ -20,6 +20,8 @@
 // push the order in which each peer's rows leave it).
 #pragma once
 
+#include <cstddef>
+
 #include "gemm/tile_order.h"
 #include "kosmos/platform.h"
 #include "kosmos/roles.h"
@@ -44,6 +46,14 @@ struct AgMove {
 struct AgBuild {
   int src, t, tn;  // shard src's tile row t, tile column tn
 };
+
+// Row of the gathered [batch, tp * m_local, width] output (all_gather_rows over
+// a leading batch dim: batch-major, then rank) that flattened local row lr of
+// shard src goes to.
+KOSMOS_HD inline size_t ag_gathered_row(int src, int lr, int tp, int m_local) {
+  const int b = lr / m_local;
+  return ((size_t)b * tp + src) * m_local + (lr - b * m_local);
+}
 
 // With no peers there is nothing to publish or pull; push publishes nothing.
 KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * (s.push ? s.tp - 1 : s.tp) : 0; }
