@@ -7,7 +7,9 @@
 // has one schedule, one CTA life and one hooks design for both engines; its
 // hooks differ only where an engine names memory its own way (a_source: a
 // TMA descriptor or a pointer) and in the Hopper epilogue's extra hooks,
-// which the portable engine refuses at compile time.
+// which the portable engine refuses at compile time. An op whose epilogue does
+// more than store the tile brings it as the Hopper engine's staging type
+// (gemm/sm90/staging.cuh; GEMM+RS's fold, tp/rs_fold_sm90.cuh), not as hooks.
 //
 //  before_tile(t)      the claiming thread, before the first load of tile t
 //                      (portable: a CTA barrier then orders every thread's
@@ -50,27 +52,6 @@
 //                      reads its own shard straight from x this way (Hopper:
 //                      under push and for ag_nn), and the portable builders
 //                      every shard's rows and GEMM+RS's chunks.
-//  combines(t), before_combine(t), combine_terms(t), combine_own(t),
-//  combine_src(t, term)  (Hopper engine's staged epilogue, when kCombines) for
-//                      the tiles where combines(t) is true, the tile leaves as
-//                      the fp32 sum of combine_terms(t) bf16 [kBM][kBN] tiles in
-//                      term order, rounded once: term combine_own(t) is the tile
-//                      itself (rounded once), every other one combine_src(t, term)
-//                      in global memory. One consumer thread first calls
-//                      before_combine (waits, acquiring, for those sources).
-//                      GEMM+RS folds the peers' pushed partials of its own chunk
-//                      in here (tp/gemm_rs_sm90.cuh).
-//  try_before_combine(t), prefetch_box(t)  (Hopper staged epilogue, when
-//                      kCombines and kPrefetchCombine) for a combining tile of
-//                      two terms: the producer thread, once it has issued tile
-//                      t's loads, polls try_before_combine once (it must not
-//                      wait: the next tile's loads wait behind it); if it
-//                      returns true, having acquired the other term as
-//                      before_combine would, the engine TMA-loads that term
-//                      from prefetch_box (an sm90::LoadBox) into the staged
-//                      buffer under the rest of the mainloop and sums it into
-//                      the tile as it stages it. Otherwise the tile combines as
-//                      above.
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
@@ -107,15 +88,13 @@ KOSMOS_DEVICE void async_proxy_fence() {
   inline constexpr bool name##_v = name<H>::value;
 
 KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
-KOSMOS_HOOK_FLAG(combines, kCombines)       // absent: tiles leave as computed
 KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
-KOSMOS_HOOK_FLAG(prefetches_combine, kPrefetchCombine)  // absent: combine terms are read after the mainloop
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 #undef KOSMOS_HOOK_FLAG
 
 // Where a tile is in the Hopper engine's consumers: its claim read, its
 // mainloop done, its accumulators staged (after the previous tile's copies
-// retired), combined (kCombines tiles only), its stores issued.
+// retired), combined (the fold's tiles only), its stores issued.
 enum class TilePhase : int { kClaimed, kComputed, kStaged, kCombined, kIssued };
 
 // A plain GEMM: nothing to wait for, nothing to publish.

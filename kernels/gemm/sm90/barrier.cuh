@@ -107,4 +107,18 @@ KOSMOS_DEVICE void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
+// Named barrier ids of the tile engine (0 is __syncthreads'): its consumer
+// warp groups alone, and the whole CTA as the producer takes registers back.
+constexpr uint32_t kConsumerBarrier = 1, kRegsBackBarrier = 2;
+
+// Position in a ring of n slots (stages, mailboxes) and the phase parity of
+// the slot's mbarrier.
+struct Ring {
+  int slot = 0;
+  uint32_t phase = 0;
+  KOSMOS_DEVICE void advance(int n) {
+    if (++slot == n) slot = 0, phase ^= 1;
+  }
+};
+
 }  // namespace kosmos::sm90

@@ -9,25 +9,19 @@
 // claim they receive. The producer runs ahead into the next tile while the
 // consumers finish and store the current one, and with the staged epilogue the
 // stored tile's copies run under the next tile's mainloop. Hooks:
-// gemm/tile_hooks.h.
+// gemm/tile_hooks.h; how a tile enters the staged buffer: Staging
+// (gemm/sm90/staging.cuh; PlainStaging unless an op brings its own).
 #pragma once
 #include "gemm/sm90/barrier.cuh"
 #include "gemm/sm90/epilogue.cuh"
+#include "gemm/sm90/publisher.cuh"
+#include "gemm/sm90/staging.cuh"
 #include "gemm/sm90/tile_config.cuh"
 #include "gemm/tile_hooks.h"
 
 namespace kosmos::sm90 {
 
-// Position in a ring of n slots and the phase parity of the slot's barrier.
-struct Ring {
-  int slot = 0;
-  uint32_t phase = 0;
-  CUTE_DEVICE void advance(int n) {
-    if (++slot == n) slot = 0, phase ^= 1;
-  }
-};
-
-template <class Cfg, class OutT, class Hooks>
+template <class Cfg, class OutT, class Hooks, template <class, class, bool, class> class Staging = PlainStaging>
 struct TileEngine {
   using P = Params<Cfg>;
   using S = SharedStorage<Cfg>;
@@ -37,8 +31,12 @@ struct TileEngine {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
   static constexpr int kEvenRegs = 65536 / Cfg::kThreads / 8 * 8;  // 168 for 384 threads
-  static constexpr uint32_t kConsumerBarrier = 1;                // named barrier ids
-  static constexpr uint32_t kRegsBackBarrier = 2;
+  static constexpr uint32_t kConsumerThreads = 128 * Cfg::kConsumerWGs;
+  // The staged tile leaves by TMA store (swizzled boxes, one thread issues them)
+  // unless the hooks map rows one by one (epilogue.cuh).
+  static constexpr bool kBoxes = Cfg::kSmemEpilogue && (!Hooks::kMapsRows || gemm::store_boxes_v<Hooks>);
+  using Stage = Staging<Cfg, OutT, kBoxes, Hooks>;
+  using Pub = Publisher<Cfg, Hooks>;
 
   // One thread: barrier counts, then make them visible to TMA and all threads.
   static CUTE_DEVICE void init(const P& p, S& s) {
@@ -53,11 +51,7 @@ struct TileEngine {
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
-      if constexpr (kPrefetch) {
-        mbar_init(&s.c_free, 1);   // consumer thread 0: the previous tile's stores have read s.c
-        mbar_init(&s.c_ready, 1);  // the producer's offer: its arrive (with the term's bytes, if it loads one)
-        s.c_offers = 0;
-      }
+      Stage::init(s);
       s.done_posts = 0;
       mbar_init_fence();
       prefetch_tma_descriptor(p.tma_a.get_tma_descriptor());
@@ -67,22 +61,19 @@ struct TileEngine {
   }
 
   // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks
-  // with kSplitA may name another A for the tile (gemm/tile_hooks.h a_source).
+  // with kSplitA may name another A for the tile (gemm/tile_hooks.h a_source:
+  // an [a_rows, K] matrix in parameter space, as TMA needs, at its tile row
+  // a_tile_m); one copy of the load loop serves both, the producer has 40 registers.
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
     const typename P::TmaA* a = &p.tma_a;
-    int rows = p.M, tile_m = t.m;
-    if constexpr (gemm::split_a_v<Hooks>) {  // one copy of the load loop: the producer has 40 registers
+    int a_rows = p.M, a_tile_m = t.m;
+    if constexpr (gemm::split_a_v<Hooks>) {
       int r = 0, m = 0;
-      if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, rows = r, tile_m = m;
+      if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, a_rows = r, a_tile_m = m;
     }
-    produce_from(p, *a, rows, tile_m, s, ring, t, h);
-  }
-
-  // produce_tile with A read through `tma_a` (an [a_rows, K] matrix in parameter
-  // space, as TMA needs), at its tile row a_tile_m.
-  static CUTE_DEVICE void produce_from(const P& p, const typename P::TmaA& tma_a, int a_rows, int a_tile_m, S& s,
-                                       Ring& ring, gemm::TileCoord t, Hooks& h) {
-    Tensor gA = local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
+    const typename P::TmaA& tma_a = *a;
+    Tensor gA =
+        local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
     Tensor gB = local_tile(p.tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
@@ -101,20 +92,16 @@ struct TileEngine {
     }
   }
 
-  // Consumer warp: stage `slot` may be overwritten once this warp's wgmmas
-  // that read it have completed.
-  static CUTE_DEVICE void release(S& s, int slot) {
-    if (threadIdx.x % 32 != 0) return;
-    mbar_arrive(&s.empty[slot]);
-  }
-
   // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
   // batch in flight so the tensor cores never wait for the release handshake.
   // at_k(k, kblocks) runs on every consumer thread once k-block k's batch is
-  // in flight and k - 1's stage released (a place for one thread's short side
-  // work: the tensor cores have a batch to chew on).
+  // in flight and k - 1's stage released (Staging::in_mainloop).
   template <class Thr, class Acc, class AtK>
   static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, const Thr& thr, Acc& acc, const AtK& at_k) {
+    // A stage may be overwritten once every consumer warp's wgmmas that read it have completed.
+    auto release = [&](int slot) {
+      if (threadIdx.x % 32 == 0) mbar_arrive(&s.empty[slot]);
+    };
     typename Cfg::TiledMma mma;
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
@@ -135,20 +122,15 @@ struct TileEngine {
       warpgroup_commit_batch();
       warpgroup_wait<1>();  // the previous k-block's batch is done: free its stage
       warpgroup_fence_operand(acc);
-      if (prev >= 0) release(s, prev);
+      if (prev >= 0) release(prev);
       at_k(k, kblocks);
       prev = ring.slot;
       ring.advance(kStages);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-    if (prev >= 0) release(s, prev);
+    if (prev >= 0) release(prev);
   }
-
-  static constexpr uint32_t kConsumerThreads = 128 * Cfg::kConsumerWGs;
-  // The staged tile leaves by TMA store (swizzled boxes, one thread issues them)
-  // unless the hooks map rows one by one (epilogue.cuh).
-  static constexpr bool kBoxes = Cfg::kSmemEpilogue && (!Hooks::kMapsRows || gemm::store_boxes_v<Hooks>);
 
   // Consumer thread 0: the staged tile t's TMA stores, in its bulk group.
   static CUTE_DEVICE void store_staged(const P& p, S& s, gemm::TileCoord t, Hooks& h) {
@@ -159,52 +141,11 @@ struct TileEngine {
     }
   }
 
-  // A tile whose rows are still being copied out of the staged buffer, and
-  // the parity of the next c_ready phase (kPrefetch).
+  // A tile whose rows are still being copied out of the staged buffer.
   struct InFlight {
     gemm::TileCoord t{0, 0};
     bool valid = false;
-    uint32_t c_phase = 0;
   };
-
-  // Hooks that publish tiles (kTileDone) do it from a thread of their own,
-  // lane 0 of producer warp 1, handed each retired tile through a 2-slot
-  // mailbox. tile_done's release fence and its round-trip atomic then run
-  // beside the consumers' next staging and mainloop: on consumer thread 0 they
-  // held its warp group (so the tensor cores) ~1 us a tile (trace spans,
-  // GEMM+RS loopback, 2026-12-01). The publisher waits on nothing but posts, so
-  // a posted tile is published whatever the consumers wait on next.
-  // It naps between polls (barrier.cuh mbar_wait): a publish a fraction of a
-  // microsecond late costs nothing (the fold reads a band a step after its
-  // claims), but a spinning warp takes issue slots from a consumer warp.
-  static constexpr int kPublisherThread = 32;
-  static constexpr uint32_t kPublisherNapNs = 256;
-
-  static CUTE_DEVICE void publish_all(S& s, Hooks& h) {
-    Ring box;
-    for (;;) {
-      mbar_wait(&s.done_full[box.slot], box.phase, "retired tile posted", kPublisherNapNs);
-      const gemm::TileCoord t = s.done[box.slot];
-      const bool ok = s.done_valid[box.slot] != 0;
-      mbar_arrive(&s.done_empty[box.slot]);
-      if (!ok) return;
-      h.tile_done(t);
-      box.advance(2);
-    }
-  }
-
-  // Consumer thread 0: tile t (or, !valid, the end) to the publisher. The
-  // arrive releases at CTA scope what this thread has observed (the tile's
-  // completed copies, and through the consumers' barrier every other
-  // thread's), and tile_done's own release carries it on to the GPU or system.
-  static CUTE_DEVICE void post_done(S& s, gemm::TileCoord t, bool valid) {
-    const uint32_t n = s.done_posts, slot = n & 1u, phase = (n >> 1) & 1u;
-    mbar_wait(&s.done_empty[slot], phase ^ 1, "publisher slot free");
-    s.done[slot] = t;
-    s.done_valid[slot] = valid;
-    s.done_posts = n + 1;
-    mbar_arrive(&s.done_full[slot]);
-  }
 
   // Consumers, before the staged buffer is written again (or at exit): the
   // copies of the tile in flight have read it and, where the hooks publish
@@ -220,109 +161,15 @@ struct TileEngine {
     }
     named_barrier(kConsumerBarrier, kConsumerThreads);
     if constexpr (Hooks::kTileDone) {
-      if (ctid == 0 && f.valid) post_done(s, f.t, true);
+      if (ctid == 0 && f.valid) Pub::post(s, f.t, true);
     }
     f.valid = false;
-  }
-
-  // Consumers, tile t staged in s.c (kCombines hooks: gemm/tile_hooks.h): the
-  // wait comes after the mainloop (and after retire, which has posted the
-  // previous tile to the publisher, so no tile_done waits behind it:
-  // tp/rs_sched.h, fold), and the barrier hands thread 0's acquire
-  // to every consumer and orders every consumer's staging before the pass,
-  // which rewrites s.c in place (epilogue.cuh combine_tile).
-  static CUTE_DEVICE void combine(Hooks& h, S& s, gemm::TileCoord t, int ctid) {
-    if (!h.combines(t)) return;
-    if (ctid == 0) h.before_combine(t);
-    named_barrier(kConsumerBarrier, kConsumerThreads);
-    auto src = [&](int term) { return h.combine_src(t, term); };
-    combine_tile<Cfg, kBoxes>(s, ctid, h.combine_terms(t), h.combine_own(t), src);
-  }
-
-  // Two-term combines (kPrefetchCombine hooks) load their other term into s.c
-  // under the mainloop instead of reading it from global memory after it: the
-  // 64 KB of loads the combine waited for after the mainloop (~3.5 us a
-  // 128x256 tile, most of a K = 512 mainloop: trace spans, loopback GEMM+RS,
-  // 2026-12-01) then land while the tensor cores still work, and the sum rides
-  // on the staging (stage_tile kAddStaged).
-  //
-  // Per such tile, strictly alternating: consumer thread 0, which alone can
-  // wait for the previous tile's stores (its bulk group), frees s.c early in
-  // the mainloop (c_free); the producer, once it has issued the tile's last
-  // loads, polls the term's readiness once (never waits: the tile's fallback
-  // is the combine after the mainloop, whose wait is the one the schedule is
-  // built around) and offers on c_ready, loading the term or not (c_loaded);
-  // the consumers wait for the offer after the mainloop. The first version
-  // polled from consumer thread 0 in the mainloop: its stalls there held a
-  // quarter of a tensor-core warp group and the combining tiles' mainloops
-  // grew 1-3 us (loopback trace spans, 2026-12-01).
-  static constexpr bool kPrefetch = kBoxes && gemm::combines_v<Hooks> && gemm::prefetches_combine_v<Hooks>;
-  static constexpr uint32_t kTileBytes = Cfg::kBN / Cfg::kOutBoxCols * Cfg::kOutBoxBytes;  // load_boxes' boxes
-
-  static CUTE_DEVICE bool prefetches(const P& p, Hooks& h, gemm::TileCoord t) {
-    if constexpr (kPrefetch) {
-      return p.K > 0 && h.combines(t) && h.combine_terms(t) == 2;  // K > 0: the consumers' mainloop frees s.c
-    } else {
-      return false;
-    }
-  }
-
-  // Consumer thread 0, at k-block `k` of a prefetching tile's mainloop: the
-  // k-block where it frees s.c (two in: by then the previous tile's stores,
-  // issued just before the mainloop, have usually read it).
-  static CUTE_DEVICE bool frees_at(int k, int kblocks) { return k == (kblocks < 3 ? kblocks - 1 : 2); }
-
-  // The producer thread, after tile t's loads: the offer (see kPrefetch).
-  static CUTE_DEVICE void offer_prefetch(S& s, gemm::TileCoord t, Hooks& h) {
-    if constexpr (kPrefetch) {
-      const uint32_t n = s.c_offers;
-      mbar_wait(&s.c_free, n & 1u, "staged buffer free for a prefetch");
-      const bool go = h.try_before_combine(t);
-      s.c_loaded = go;
-      if (go) {
-        gemm::async_proxy_fence();  // the acquire covers TMA's reads of the term
-        mbar_arrive_expect_tx(&s.c_ready, kTileBytes);
-        load_boxes<Cfg>(s, h.prefetch_box(t), &s.c_ready);
-      } else {
-        mbar_arrive(&s.c_ready);
-      }
-      s.c_offers = n + 1;
-    }
-  }
-
-  // Consumers, after retire: tile t staged into s.c, and combined where the
-  // hooks say so (the prefetched term summed in as it is staged).
-  template <class Thr, class Acc, class Phase>
-  static CUTE_DEVICE void stage_combined(const P& p, S& s, gemm::TileCoord t, Hooks& h, int ctid, InFlight& f,
-                                         const Thr& thr, const Acc& acc, const Phase& phase) {
-    if constexpr (kPrefetch) {
-      if (prefetches(p, h, t)) {
-        mbar_wait(&s.c_ready, f.c_phase, "producer's prefetch offer");
-        f.c_phase ^= 1;
-        // Every consumer reads c_loaded; the producer writes it again only
-        // after c_free, which thread 0 arrives on after the consumers' barrier
-        // that follows this read (consume_tile: the whole tile is staged).
-        // racecheck does not follow that chain and reports the pair (2026-12-01).
-        if (s.c_loaded) {  // the term has landed in s.c
-          stage_tile<Cfg, OutT, kBoxes, /*kAddStaged=*/true>(s, thr, acc);
-          phase(gemm::TilePhase::kStaged);
-          phase(gemm::TilePhase::kCombined);
-          return;
-        }
-      }
-    }
-    stage_tile<Cfg, OutT, kBoxes>(s, thr, acc);
-    phase(gemm::TilePhase::kStaged);
-    if constexpr (gemm::combines_v<Hooks>) {
-      combine(h, s, t, ctid);
-      phase(gemm::TilePhase::kCombined);
-    }
   }
 
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
   // the thread's index among the consumer threads.
   static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid,
-                                       InFlight& f) {
+                                       InFlight& f, Stage& stage) {
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(ctid);
     Tensor acc = partition_fragment_C(mma, Shape<BM, BN>{});
@@ -332,18 +179,12 @@ struct TileEngine {
       }
     };
     phase(gemm::TilePhase::kClaimed);
-    const bool frees = ctid == 0 && prefetches(p, h, t);
-    mainloop(p, s, ring, thr, acc, [&](int k, int kblocks) {
-      if (frees && frees_at(k, kblocks)) {
-        bulk_wait_reads();
-        mbar_arrive(&s.c_free);
-      }
-    });
+    mainloop(p, s, ring, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(s, f, ctid);
-        stage_combined(p, s, t, h, ctid, f, thr, acc, phase);
+        stage.stage(p, s, t, h, ctid, thr, acc, phase);
         smem_to_async_proxy_fence();
         named_barrier(kConsumerBarrier, kConsumerThreads);  // the whole tile is staged
         if constexpr (kBoxes) {
@@ -360,9 +201,7 @@ struct TileEngine {
         return;
       }
     }
-    if constexpr (gemm::combines_v<Hooks>) {  // combining hooks need the staged tile
-      if (h.combines(t)) __trap();             // (their launchers keep N % 8 == 0)
-    }
+    stage.unstaged(h, t);
     store_tile<Cfg, OutT>(p, thr, acc, t, h);
     phase(gemm::TilePhase::kIssued);
     if constexpr (Hooks::kTileDone) {
@@ -378,6 +217,7 @@ struct TileEngine {
   template <class Sched>
   static CUTE_DEVICE void produce_all(const P& p, S& s, Sched& sched, Hooks& h) {
     Ring stages, mailbox;
+    Stage stage;
     gemm::TileCoord next{0, 0};
     bool next_ok = sched.next(next);
     for (;;) {
@@ -390,7 +230,7 @@ struct TileEngine {
       if (!ok) return;
       next_ok = sched.next(next);
       produce_tile(p, s, stages, t, h);
-      if (prefetches(p, h, t)) offer_prefetch(s, t, h);
+      stage.after_loads(p, s, t, h);
       mailbox.advance(2);
     }
   }
@@ -398,15 +238,13 @@ struct TileEngine {
   static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int ctid) {
     Ring stages, mailbox;
     InFlight inflight;
+    Stage stage;
     for (;;) {
       mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full");
-      // Lane 0 alone reads the slot, frees it and hands the claim to its warp
-      // by shuffle, so the slot's readers are exactly the threads whose
-      // arrives the producer waits for. (When every lane read it, the other
-      // lanes' reads were ordered before lane 0's arrive by __syncwarp, which
-      // the PTX memory model makes enough but compute-sanitizer's racecheck
-      // does not follow: it reported them against the producer's next write
-      // to the slot, 2026-12-01.)
+      // Lane 0 alone reads the slot, frees it and shuffles the claim to its
+      // warp, so the slot's readers are exactly the threads whose arrives the
+      // producer waits for (every lane reading it, ordered by __syncwarp, is
+      // enough under PTX but racecheck reported it, 2026-12-01).
       int claim[3] = {0, 0, 0};
       if (threadIdx.x % 32 == 0) {
         claim[0] = s.claim[mailbox.slot].m, claim[1] = s.claim[mailbox.slot].n, claim[2] = s.claim_valid[mailbox.slot];
@@ -415,14 +253,14 @@ struct TileEngine {
       const gemm::TileCoord t{__shfl_sync(0xffffffffu, claim[0], 0), __shfl_sync(0xffffffffu, claim[1], 0)};
       const bool ok = __shfl_sync(0xffffffffu, claim[2], 0) != 0;
       if (!ok) break;
-      consume_tile(p, s, stages, t, h, ctid, inflight);
+      consume_tile(p, s, stages, t, h, ctid, inflight, stage);
       mailbox.advance(2);
     }
     // The staged buffer is shared memory a fused kernel may reuse after the
     // engine, and the last tile's tile_done is still due.
     if (smem_epilogue(p)) retire<true>(s, inflight, ctid);
     if constexpr (Hooks::kTileDone) {
-      if (ctid == 0) post_done(s, gemm::TileCoord{0, 0}, false);
+      if (ctid == 0) Pub::post(s, gemm::TileCoord{0, 0}, false);
     }
   }
 
@@ -444,7 +282,7 @@ struct TileEngine {
       regs_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) produce_all(p, s, sched, h);
       if constexpr (Hooks::kTileDone) {
-        if (threadIdx.x == kPublisherThread) publish_all(s, h);
+        if (threadIdx.x == Pub::kThread) Pub::publish_all(s, h);
       }
       __syncwarp();  // setmaxnreg is warp-aligned: lane 0 rejoins first
       named_barrier(kRegsBackBarrier, Cfg::kThreads);

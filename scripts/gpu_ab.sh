@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# A/B of a kernel change on one GPU: the working tree ("new") against a reference
+# checkout ("ref"), built side by side and measured in the same device call, so
+# both see one GPU state (issue 22's "same bits, same speed" check).
+#   git archive --prefix=.ref/ <commit> | tar x     # the reference tree, carried as .ref (or REF=dir)
+#   bash scripts/gpu_ab.sh [build|hashes|bench|all|tests]   (default all)
+# build   both trees into build/site_{new,ref} (ignored; a warm machine keeps them, so
+#         a later call rebuilds incrementally)
+# hashes  scripts/kernel_hashes.py with each tree, then the keys whose output bytes differ
+# bench   benchmarks/loopback.py on RS_SHAPES / AG_SHAPES (8 thin and wide each by default;
+#         ARMS_RS, ARMS_AG), then benchmarks/gemm.py --layouts TN, trees alternating per
+#         step; prints each arm's new / ref time per shape and the geomean
+# tests   pytest over TESTS (default tests/gpu; extra args go to pytest) on the new tree's
+#         build, for a call that follows the A/B on a warm machine without a third build
+# Logs and CSVs go to $OUT/gpu_ab.tgz ($OUT default ./out). BUDGET_S bounds the benchmarks.
+# Never changes clocks or resets a GPU; NVLink multicast stays off (DESIGN.md §4).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+step=${1:-all}
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); export OUT
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+REF=$(cd "${REF:-.ref}" 2>/dev/null && pwd) || REF=""
+PY=${PY:-python3}
+BUDGET_S=${BUDGET_S:-540}
+RS_SHAPES=${RS_SHAPES-8B-OProj-MBS1,8B-Down-MBS1,70B-OProj-MBS1,70B-Down-MBS1,405B-OProj-MBS1,405B-Down-MBS1,8B-Down-MBS4,70B-OProj-MBS4}
+AG_SHAPES=${AG_SHAPES-8B-QKV-MBS1,8B-FC1-MBS1,70B-QKV-MBS1,70B-FC1-MBS1,405B-QKV-MBS1,405B-FC1-MBS1,8B-FC1-MBS4,70B-QKV-MBS4}
+
+# The CuTe headers come from the nvidia-cutlass wheel carried in .whl/ when not installed.
+if ! $PY -c 'import cutlass_library' 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --target /tmp/kosmos_site .whl/nvidia_cutlass-*.whl || exit 1
+  export PYTHONPATH=/tmp/kosmos_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+BASE_PATH=${PYTHONPATH:-}
+
+build_tree() {  # $1 source tree, $2 name
+  $PY -m pip install -q --no-build-isolation --no-deps --upgrade --target "$ROOT/build/site_$2" "$1" \
+    -Ccmake.define.KOSMOS_CUDA=on -Cbuild-dir="$ROOT/build/ab_$2" > "$OUT/build_$2.log" 2>&1
+}
+
+in_tree() {  # $1 name, rest: a command run from that tree with its build first on the path
+  local name=$1 dir; shift
+  dir=$([ "$name" = ref ] && echo "$REF" || echo "$ROOT")
+  (cd "$dir" && PYTHONPATH="$ROOT/build/site_$name${BASE_PATH:+:$BASE_PATH}" "$@")
+}
+
+do_build() {  # $@: which trees (new, ref)
+  local t0=$SECONDS pids=() t
+  for t in "$@"; do
+    [ "$t" = new ] || [ -n "$REF" ] || { echo "no reference tree: set REF (see the top of $0)"; exit 2; }
+    build_tree "$([ "$t" = ref ] && echo "$REF" || echo "$ROOT")" "$t" & pids+=($!)
+  done
+  for t in "$@"; do
+    wait "${pids[0]}" || { echo "BUILD FAILED ($t)"; tail -40 "$OUT/build_$t.log"; exit 1; }
+    pids=("${pids[@]:1}")
+  done
+  echo "built $* in $(( SECONDS - t0 )) s"
+}
+
+do_hashes() {
+  for t in ref new; do
+    in_tree $t $PY scripts/kernel_hashes.py "$OUT/hashes_$t.json" > "$OUT/hashes_$t.log" 2>&1 \
+      || { echo "kernel_hashes ($t) failed"; tail -20 "$OUT/hashes_$t.log"; exit 1; }
+  done
+  $PY - "$OUT/hashes_ref.json" "$OUT/hashes_new.json" <<'EOF'
+import json, sys
+ref, new = (json.load(open(p)) for p in sys.argv[1:3])
+same = [k for k in new if ref.get(k) == new[k]]
+diff = [k for k in new if k in ref and ref[k] != new[k]]
+print(f"hashes: {len(same)} identical, {len(diff)} differ, {len(set(new) - set(ref))} new keys, "
+      f"{len(set(ref) - set(new))} keys only in ref")
+for k in diff:
+  print("  differs:", k)
+EOF
+}
+
+loopback() {  # $1 tree, $2 kernel, $3 shapes, $4 arms, $5 seconds
+  # Loopback waits are short: a hang should fail fast, not eat the budget.
+  KOSMOS_TIMEOUT_MS=${KOSMOS_TIMEOUT_MS:-3000} in_tree "$1" timeout "$5" $PY benchmarks/loopback.py --kernels "$2" --shapes "$3" --arms "$4" --calls 10 --reps 3 \
+    --no-gemm-cap --budget-s $(( $5 - 20 )) --out-dir "$OUT/ab_$1" --tag "_$2" > "$OUT/loopback_$2_$1.log" 2>&1
+  echo "loopback $2 ($1) rc=$? at ${SECONDS}s"
+}
+
+do_bench() {
+  local per=$(( (BUDGET_S - SECONDS) / 6 ))
+  [ -n "$RS_SHAPES" ] && for t in ref new; do loopback $t tn_rs "$RS_SHAPES" "${ARMS_RS:-pull,push,push_fold}" $(( per * 3 / 2 )); done
+  [ -n "$AG_SHAPES" ] && for t in ref new; do loopback $t ag_tn "$AG_SHAPES" "${ARMS_AG:-pull,push}" $per; done
+  for t in ref new; do
+    in_tree $t timeout $(( per / 2 + 30 )) $PY benchmarks/gemm.py --layouts TN --caps "" --protocol interleaved \
+      --reps 5 > "$OUT/gemm_$t.log" 2>&1
+    echo "gemm TN ($t) rc=$? at ${SECONDS}s"
+    cp "$([ $t = ref ] && echo "$REF" || echo "$ROOT")/benchmarks/out/gemm.csv" "$OUT/ab_$t/gemm.csv" 2>/dev/null
+  done
+  $PY - "$OUT/ab_ref" "$OUT/ab_new" <<'EOF'
+import csv, glob, math, os, sys
+def rows(d, pat):
+  out = {}
+  for p in glob.glob(os.path.join(d, pat)):
+    for r in csv.DictReader(open(p)):
+      out.setdefault((r.get("kernel") or r.get("layout"), r["shape"]), []).append(r)
+  return out
+ref, new = (rows(d, "loopback_*.csv") for d in sys.argv[1:3])
+gm = lambda v: math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+for kernel in sorted({k for k, _ in new}):
+  first = next(rs[0] for k, rs in new.items() if k[0] == kernel)
+  arms = [c[:-3] for c in first if c.endswith("_ms") and not c.startswith("gemm")]
+  for arm in ["gemm_full"] + arms:
+    v = [float(new[k][0][arm + "_ms"]) / float(ref[k][0][arm + "_ms"]) for k in new
+         if k[0] == kernel and k in ref and arm + "_ms" in new[k][0] and arm + "_ms" in ref[k][0]]
+    if v:
+      print(f"{kernel} {arm}: new/ref time geomean {gm(v):.4f} over {len(v)} shapes, range {min(v):.3f}-{max(v):.3f}")
+gr, gn = (rows(d, "gemm.csv") for d in sys.argv[1:3])
+for arm in ("kosmos", "xla_cublas"):
+  v = [float(a["median_ms"]) / float(b["median_ms"]) for k in gn if k in gr
+       for a in gn[k] for b in gr[k] if a["arm"] == b["arm"] == arm]
+  if v:
+    print(f"gemm TN {arm}: new/ref time geomean {gm(v):.4f} over {len(v)} shapes, range {min(v):.3f}-{max(v):.3f}")
+EOF
+}
+
+# The device call returns few files: everything but the summary goes into one tarball.
+pack() { (cd "$OUT" && tar czf /tmp/gpu_ab.tgz --exclude=gpu_ab.tgz . && find . -mindepth 1 -delete && mv /tmp/gpu_ab.tgz .); }
+trap pack EXIT
+nvidia-smi --query-gpu=index,name,clocks.sm,temperature.gpu,power.draw --format=csv > "$OUT/env.log" 2>&1
+do_tests() {
+  shift || true
+  (cd /tmp && PYTHONPATH="$ROOT/build/site_new${BASE_PATH:+:$BASE_PATH}" KOSMOS_TEST_PLATFORMS=cuda,cpu \
+    timeout $(( BUDGET_S - SECONDS )) $PY -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
+    $(for t in ${TESTS:-tests/gpu}; do echo "$ROOT/$t"; done) "$@" 2>&1 | tee "$OUT/pytest.log" | tail -15)
+}
+
+case "$step" in
+  build) do_build new ref ;;
+  hashes) do_build new ref; do_hashes ;;
+  bench) do_build new ref; do_bench ;;
+  all) do_build new ref; do_hashes; do_bench ;;
+  tests) do_build new; do_tests "$@" ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac
