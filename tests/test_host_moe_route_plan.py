@@ -9,11 +9,13 @@ router so that its logits are exactly ours; the plan (pos, counts, overflow) wit
 kosmos_jax.reference.moe.plan on one device, and its expert-major order with NumPy's
 stable argsort. Every preset's router, plus expert counts that are not powers of
 two, with random and tie-heavy logits, on a token count that no block size but 1
-divides. A second check compiles the same headers as sm_90a device code."""
+divides. Two more checks compile the same headers as device code: sm_90a with nvcc,
+and gfx90a/gfx942/gfx950 with the HIP code-generation check's toolchains."""
 import functools
 import os
 import shutil
 import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +28,18 @@ from host_build import CXX, ROOT, build
 from kosmos_jax.reference import moe, moe_router
 from kosmos_jax.reference.moe_config import PRESETS, MoEConfig
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "hip"))
+import hip_codegen as hc  # noqa: E402
+
 T = 203                              # tokens: prime, so no block size below divides it
 ROUTE_BLOCK = 16                     # tokens per routing block (aux partial sums)
 BLOCKS = (1, 7, 64, T, T + 5)        # plan block sizes: 1, non-divisors, one block, more than t
 TILE = 128                           # the driver's padded segment tile (start128)
 REQUIRE_NVCC = os.environ.get("KOSMOS_REQUIRE_SM90_CHECK", "") not in ("", "0")
+REQUIRE_HIP = os.environ.get("KOSMOS_REQUIRE_HIP", "") not in ("", "0")
+DEVICE_TU = os.path.join(ROOT, "tests", "host", "moe_route_plan_kernel.cu")
+DEVICE_KERNELS = {"route_check_kernel", "prob_sum_check_kernel", "plan_histogram_check_kernel",
+                  "plan_scan_check_kernel", "plan_scatter_check_kernel"}
 
 
 def _small(**kw):
@@ -159,9 +168,27 @@ def test_stages_compile_as_sm90_device_code(tmp_path):
     pytest.skip("nvcc not available")
   cmd = [nvcc, "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
          "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
-         "-o", str(tmp_path / "moe_route_plan.cubin"), os.path.join(ROOT, "tests", "host", "moe_route_plan_kernel.cu")]
+         "-o", str(tmp_path / "moe_route_plan.cubin"), DEVICE_TU]
   r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
   frames = [line for line in r.stderr.splitlines() if "stack frame" in line]
-  assert len(frames) == 5 and all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in frames), \
+  assert len(frames) == len(DEVICE_KERNELS) and all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in frames), \
       r.stderr[-3000:]
+
+
+def test_stages_compile_as_amdgpu_code(tmp_path):
+  """The same kernels through the HIP code-generation check's compilers (tests/hip/
+  hip_codegen.py) for gfx90a, gfx942 and gfx950: no scratch, no calls (expf inlined
+  from the device library), no dynamic stack."""
+  try:
+    for t in hc.TARGETS:
+      hc.Toolchains(str(tmp_path)).check(t)
+  except hc.ToolchainMissing as e:
+    if REQUIRE_HIP:
+      pytest.fail(f"KOSMOS_REQUIRE_HIP=1 but {e}")
+    pytest.skip(str(e))
+  reports = hc.generate(hc.TARGETS, src=DEVICE_TU, workdir=str(tmp_path))
+  for target, reps in reports.items():
+    assert {r.name for r in reps} == DEVICE_KERNELS, target
+    for r in reps:
+      assert r.scratch_bytes == 0 and r.calls == 0 and not r.dynamic_stack, f"{target}: {r}"

@@ -109,7 +109,7 @@ KOSMOS_HD inline int plan_segments(const int* counts, int num_experts, int* star
   return run;
 }
 
-// The capped buffers' overflow test: some count[n] exceeds the capacity (the
+// The capped buffers' overflow test: some counts[i], i < n, exceeds the capacity (the
 // layer then takes the dropless pass; never a silent drop). Every rank must
 // agree, so the caller applies it to the exchanged counts and reduces it over
 // the group, as the twin's plan does.

@@ -70,7 +70,7 @@ KOSMOS_HD inline float choice(const float* score, const float* bias, const Route
 // Writes the token's scores score[E] from logits[E] (they may alias: the
 // kernel can score in place) and returns the divisor of its aux probabilities:
 // 1 for softmax, the sum of the E sigmoids otherwise. Sums run over experts in
-// ascending order, so the result is the same on every run and arch.
+// ascending order, so a token's scores are the same on every run.
 KOSMOS_HD inline float route_scores(const float* logits, float* score, const RouteConfig& c) {
   const int E = c.num_experts;
   float sum = 0.f;
