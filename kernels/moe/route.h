@@ -60,6 +60,7 @@ KOSMOS_HD inline bool ranks_before(float v, int e, float bv, int be) {
   return v > bv || (v == bv && e < be);
 }
 
+// NaN ranks as -inf, so every pass still finds a valid id (see the header).
 KOSMOS_HD inline float rank_key(float v) { return v == v ? v : -INFINITY; }
 
 // The value selection ranks expert e by: its score plus its bias, if any.
