@@ -185,7 +185,11 @@ class Toolchains:
           "-mcode-object-version=5", f"--rocm-device-lib-path={s['device_libs']}",
           # hip.bc holds __atomic_work_item_fence, which the 5.2 headers' fences
           # and __syncthreads call; clang 22 no longer links it, hipcc 5.2 did.
-          "-Xclang", "-mlink-builtin-bitcode", "-Xclang", os.path.join(s["device_libs"], "hip.bc")]
+          "-Xclang", "-mlink-builtin-bitcode", "-Xclang", os.path.join(s["device_libs"], "hip.bc"),
+          # The 5.2 ocml's math functions (expf: the MoE router's scores) read the
+          # denormal-mode control variable that clang 22 no longer links; off is
+          # hipcc 5.2's default (no -fgpu-flush-denormals-to-zero).
+          "-Xclang", "-mlink-builtin-bitcode", "-Xclang", os.path.join(s["device_libs"], "oclc_daz_opt_off.bc")]
     else:
       libs = ["-nogpulib"]
     return _ziglang_clang() + [
