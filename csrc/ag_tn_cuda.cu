@@ -48,12 +48,8 @@ std::string ag_tn_prepare(int ordinal) {
   return err.empty() ? ag_tn_sm90_prepare(ordinal) : err;
 }
 
-std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() {
-  return {{"sm90", g_runs[0][0].load()}, {"portable", g_runs[0][1].load()}};
-}
-std::vector<std::pair<std::string, long long>> ag_nn_engine_runs() {
-  return {{"sm90", g_runs[1][0].load()}, {"portable", g_runs[1][1].load()}};
-}
+std::vector<std::pair<std::string, long long>> ag_tn_engine_runs() { return engine_counts(g_runs[0]); }
+std::vector<std::pair<std::string, long long>> ag_nn_engine_runs() { return engine_counts(g_runs[1]); }
 
 
 // 8 tile rows per build band: 8 x 128 rows of A plus a band of W columns stay
@@ -129,7 +125,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
         std::to_string(kMaxTileRows * portable::kBM) + " rows");
   if (reinterpret_cast<uintptr_t>(a.x) % kVecBytes)
     return ffi::Error::InvalidArgument(name + ": the gathered input is not 16-byte aligned");
-  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  const int grid = fused_grid(a.cu_cap, g);
   int mv = a.movers < 0 ? default_movers(grid, (int)tp) : (int)(a.movers > grid ? grid : a.movers);
   if (tp > 1 && mv < 1) mv = 1;  // builders never move (tp/ag_sched.h ag_cta)
   if (!a.switching) {  // a fixed split keeps at least one builder (and, with peers, one mover)
@@ -140,8 +136,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   }
   if (cudaError_t e = prepare_gathered(stream, a, es); e != cudaSuccess)
     return ffi::Error::Internal(name + ": gathered output: " + cudaGetErrorString(e));
-  std::atomic<long long>* runs = g_runs[a.nn ? 1 : 0];
-  auto launch = [&](auto* tag) {
+  auto params = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     AgParams<T> p{};
     p.x = static_cast<const T*>(a.x);
@@ -156,18 +151,11 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted(op, stream, p.y, a.y_bytes, grid, ordinal, &runs[0], [&] {
-          return a.nn ? ag_nn_sm90_launch(p, grid, stream) : ag_tn_sm90_launch(p, grid, stream);
-        });
-    }
-    ffi::Error err =
-        launch_persistent(op, a.nn ? g_nn_kernels : g_kernels, dt, &p, stream, ordinal, grid, p.y, a.y_bytes);
-    if (err.success()) runs[1]++;
-    return err;
+    return p;
   };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  return launch_fused(FusedLaunch{op, stream, ordinal, grid, dt, sm90, a.y, a.y_bytes},
+                      a.nn ? g_nn_kernels : g_kernels, g_runs[a.nn ? 1 : 0], params,
+                      a.nn ? &ag_nn_sm90_launch : &ag_tn_sm90_launch);
 }
 
 }  // namespace kosmos

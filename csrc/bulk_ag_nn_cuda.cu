@@ -35,9 +35,7 @@ std::string bulk_ag_nn_prepare(int ordinal) {
   return err.empty() ? bulk_ag_nn_sm90_prepare(ordinal) : err;
 }
 
-std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs() {
-  return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
-}
+std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs() { return engine_counts(g_runs); }
 
 namespace {
 
@@ -95,13 +93,13 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
   const size_t slot = ag_slot_bytes(a.rows, a.K, es);
   if (std::string e = check(a, es, g, slot); !e.empty()) return ffi::Error::InvalidArgument(e);
   const bool sm90 = hopper_builders_apply(dt, bulk_ag_nn_sm90_ready(ordinal), a.K, a.N, a.dy, a.w, a.dx);
-  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  const int grid = fused_grid(a.cu_cap, g);
   std::string err;
   const int mv = movers_for(a, grid, &err);
   if (!err.empty()) return ffi::Error::InvalidArgument(err);
   if (cudaError_t e = prepare_gathered(stream, a, es); e != cudaSuccess)
     return ffi::Error::Internal(std::string("kosmos_bulk_ag_nn: gathered output: ") + cudaGetErrorString(e));
-  auto launch = [&](auto* tag) {
+  auto params = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     BulkAgParams<T> q{};
     AgParams<T>& p = q.ag;
@@ -118,16 +116,10 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
     q.dx = static_cast<T*>(a.dx);
     q.M = (int)(a.tp * a.rows); q.n = (int)a.N; q.k = (int)a.K;
     q.group = sm90 ? kBulkSwizzle : 1;
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted("kosmos_bulk_ag_nn", stream, a.dx, a.dx_bytes, grid, ordinal, &g_runs[0],
-                              [&] { return bulk_ag_nn_sm90_launch(q, grid, stream); });
-    }
-    ffi::Error e = launch_persistent("kosmos_bulk_ag_nn", g_kernels, dt, &q, stream, ordinal, grid, a.dx, a.dx_bytes);
-    if (e.success()) g_runs[1]++;
-    return e;
+    return q;
   };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  return launch_fused(FusedLaunch{"kosmos_bulk_ag_nn", stream, ordinal, grid, dt, sm90, a.dx, a.dx_bytes},
+                      g_kernels, g_runs, params, &bulk_ag_nn_sm90_launch);
 }
 
 }  // namespace kosmos

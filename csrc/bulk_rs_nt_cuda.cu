@@ -42,9 +42,7 @@ std::string bulk_rs_nt_prepare(int ordinal) {
   return err.empty() ? bulk_rs_nt_sm90_prepare(ordinal) : err;
 }
 
-std::vector<std::pair<std::string, long long>> bulk_rs_nt_engine_runs() {
-  return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
-}
+std::vector<std::pair<std::string, long long>> bulk_rs_nt_engine_runs() { return engine_counts(g_runs); }
 
 namespace {
 
@@ -142,7 +140,7 @@ ffi::Error bulk_rs_nt_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
     return e == cudaSuccess ? ffi::Error::Success()
                             : ffi::Error::Internal(std::string(kOp) + ": zeroing dw: " + cudaGetErrorString(e));
   const bool sm90 = a.N > 0 && hopper_builders_apply(dt, bulk_rs_nt_sm90_ready(ordinal), a.K, a.N, a.xg, a.dy, a.dw);
-  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  const int grid = fused_grid(a.cu_cap, g);
   std::string err;
   const int mv = movers_for(a, grid, &err);
   if (!err.empty()) return ffi::Error::InvalidArgument(err);
@@ -150,19 +148,11 @@ ffi::Error bulk_rs_nt_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
   const BulkRsShape shape = bulk_shape(a, g.rank, es, tile_n, grid - (a.switching ? 0 : mv));
   if (cudaError_t e = poison_dw(stream, a); e != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": poisoning dw: " + cudaGetErrorString(e));
-  auto launch = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const BulkRsParams<T> p = params_of<T>(a, g, ordinal, ctrl_slot, slot, shape, mv);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted(kOp, stream, a.dx, a.dx_bytes, grid, ordinal, &g_runs[0],
-                              [&] { return bulk_rs_nt_sm90_launch(p, grid, stream); });
-    }
-    ffi::Error e = launch_persistent(kOp, g_kernels, dt, (void*)&p, stream, ordinal, grid, a.dx, a.dx_bytes);
-    if (e.success()) g_runs[1]++;
-    return e;
+  auto params = [&](auto* tag) {
+    return params_of<std::remove_pointer_t<decltype(tag)>>(a, g, ordinal, ctrl_slot, slot, shape, mv);
   };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  return launch_fused(FusedLaunch{kOp, stream, ordinal, grid, dt, sm90, a.dx, a.dx_bytes}, g_kernels, g_runs, params,
+                      &bulk_rs_nt_sm90_launch);
 }
 
 }  // namespace kosmos

@@ -1,15 +1,22 @@
-// The fused handlers' bodies without XLA buffer types. kosmos_ag_tn and
-// kosmos_tn_rs (ag_tn_cuda.cu, tn_rs_cuda.cu) call them once they have found
+// The fused handlers' bodies without XLA buffer types. The kosmos_* handlers
+// (ag_tn_cuda.cu, tn_rs_cuda.cu, bulk_*_cuda.cu) call them once they have found
 // this device's group; so does the loopback test hook (loopback.cu), which runs
 // every rank of a group as a concurrent launch on one GPU. One body for both is
-// the point: the hook tests the launch path XLA takes, not a copy of it.
+// the point: the hook tests the launch path XLA takes, not a copy of it. The
+// bodies end in one launch tail (launch_fused), so every op picks, launches and
+// counts its engine alike.
 #pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
+#include "kosmos/types.h"
 #include "launch.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -119,5 +126,41 @@ struct BulkRsArgs {
 };
 xla::ffi::Error bulk_rs_nt_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot,
                                const BulkRsArgs& a);
+
+// A run body's launch, once it has validated and planned: the op's one
+// persistent kernel on `grid` CTAs, its output `y` poisoned first under
+// KOSMOS_POISON_OUTPUT (launch_prologue).
+struct FusedLaunch {
+  const char* op;
+  cudaStream_t stream;
+  int ordinal, grid;
+  int dtype;  // dtype_index: 0 f32, 1 f16, 2 bf16
+  bool sm90;  // the Hopper builders apply (hopper_builders_apply and the op's own conditions)
+  void* y;
+  size_t y_bytes;
+};
+
+// Builds the kernel parameters for the launch's element type T with make((T*)
+// nullptr), then launches: bf16 with f.sm90 through the op's Hopper launch
+// `sm90` (counted in runs[0]), anything else the portable kernel k.fn[dtype]
+// (counted in runs[1]). A launch is counted only once accepted, so the engine
+// counters (*_engine_runs) report what ran, never what was meant to.
+template <class Make, class Sm90Params>
+xla::ffi::Error launch_fused(const FusedLaunch& f, const PersistentKernels& k, std::atomic<long long>* runs,
+                             Make&& make, cudaError_t (*sm90)(const Sm90Params&, int, cudaStream_t)) {
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    auto p = make(tag);
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (f.sm90)
+        return launch_counted(f.op, f.stream, f.y, f.y_bytes, f.grid, f.ordinal, &runs[0],
+                              [&] { return sm90(p, f.grid, f.stream); });
+    }
+    xla::ffi::Error err = launch_persistent(f.op, k, f.dtype, &p, f.stream, f.ordinal, f.grid, f.y, f.y_bytes);
+    if (err.success()) runs[1]++;
+    return err;
+  };
+  return f.dtype == 0 ? launch((float*)nullptr) : f.dtype == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+}
 
 }  // namespace kosmos

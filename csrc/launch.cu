@@ -150,6 +150,10 @@ bool force_portable_builders() {
   return on;
 }
 
+std::vector<std::pair<std::string, long long>> engine_counts(const std::atomic<long long>* runs) {
+  return {{"sm90", runs[0].load()}, {"portable", runs[1].load()}};
+}
+
 uint64_t timeout_ns() {
   static const uint64_t ns = [] {
     const char* s = std::getenv("KOSMOS_TIMEOUT_MS");

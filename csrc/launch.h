@@ -25,6 +25,11 @@ struct GroupInfo {
   int trace_list = 0;  // role timelines: this rank's first per-CTA list on the device (trace_buf)
 };
 
+// The persistent grid: one CTA per SM, or cu_cap CTAs when 0 < cu_cap < SMs.
+inline int fused_grid(int64_t cu_cap, const GroupInfo& g) {
+  return (int)(cu_cap > 0 && cu_cap < g.sm_count ? cu_cap : g.sm_count);
+}
+
 // Finds the group (a row of `groups`, tp global ids each) holding this device and
 // every member's heap. Returns "" or an error naming the devices.
 std::string find_group(const char* op, int ordinal, xla::ffi::Span<const int64_t> groups, int64_t tp,
@@ -100,7 +105,9 @@ std::string tn_rs_prepare(int ordinal);
 std::string bulk_rs_nt_prepare(int ordinal);
 
 // Test hooks: fused launches per builder engine since the process started, as
-// (engine, count): "sm90" (Hopper builders), "portable".
+// (engine, count): "sm90" (Hopper builders), "portable". engine_counts reads an
+// op's two counters (launch_fused's runs) in that form.
+std::vector<std::pair<std::string, long long>> engine_counts(const std::atomic<long long>* runs);
 std::vector<std::pair<std::string, long long>> ag_tn_engine_runs();
 std::vector<std::pair<std::string, long long>> ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs();

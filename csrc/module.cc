@@ -32,24 +32,17 @@ static nb::capsule Encapsulate(T* fn) {
 static nb::dict Registrations() {
   nb::dict out;
 #ifdef KOSMOS_WITH_CUDA
-  nb::dict ag_tn;
-  ag_tn["CUDA"] = Encapsulate(kosmos_ag_tn_cuda);
-  out["kosmos_ag_tn"] = ag_tn;
-  nb::dict matmul;
-  matmul["CUDA"] = Encapsulate(kosmos_matmul_cuda);
-  out["kosmos_matmul"] = matmul;
-  nb::dict tn_rs;
-  tn_rs["CUDA"] = Encapsulate(kosmos_tn_rs_cuda);
-  out["kosmos_tn_rs"] = tn_rs;
-  nb::dict ag_nn;
-  ag_nn["CUDA"] = Encapsulate(kosmos_ag_nn_cuda);
-  out["kosmos_ag_nn"] = ag_nn;
-  nb::dict bulk_ag_nn;
-  bulk_ag_nn["CUDA"] = Encapsulate(kosmos_bulk_ag_nn_cuda);
-  out["kosmos_bulk_ag_nn"] = bulk_ag_nn;
-  nb::dict bulk_rs_nt;
-  bulk_rs_nt["CUDA"] = Encapsulate(kosmos_bulk_rs_nt_cuda);
-  out["kosmos_bulk_rs_nt"] = bulk_rs_nt;
+  auto cuda = [&](const char* name, nb::capsule handler) {
+    nb::dict platforms;
+    platforms["CUDA"] = handler;
+    out[name] = platforms;
+  };
+  cuda("kosmos_ag_tn", Encapsulate(kosmos_ag_tn_cuda));
+  cuda("kosmos_matmul", Encapsulate(kosmos_matmul_cuda));
+  cuda("kosmos_tn_rs", Encapsulate(kosmos_tn_rs_cuda));
+  cuda("kosmos_ag_nn", Encapsulate(kosmos_ag_nn_cuda));
+  cuda("kosmos_bulk_ag_nn", Encapsulate(kosmos_bulk_ag_nn_cuda));
+  cuda("kosmos_bulk_rs_nt", Encapsulate(kosmos_bulk_rs_nt_cuda));
 #endif
   return out;
 }

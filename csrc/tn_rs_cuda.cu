@@ -42,9 +42,7 @@ std::string tn_rs_prepare(int ordinal) {
   return err.empty() ? tn_rs_sm90_prepare(ordinal) : err;
 }
 
-std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() {
-  return {{"sm90", g_runs[0].load()}, {"portable", g_runs[1].load()}};
-}
+std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() { return engine_counts(g_runs); }
 
 
 // Band height: one tile row per band (the finest pipelining) unless the chunk
@@ -128,7 +126,7 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   shape.fold = fold && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
-  const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
+  const int grid = fused_grid(a.cu_cap, g);
   int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
   if (shape.fold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
   if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
@@ -137,7 +135,7 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
                                          "builder); got a grid of " + std::to_string(grid));
     red = red < 1 ? 1 : red > grid - 1 ? grid - 1 : red;
   }
-  auto launch = [&](auto* tag) {
+  auto params = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     RsParams<T> p{};
     p.x = static_cast<const T*>(a.x);
@@ -149,16 +147,10 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.shape = shape; p.reducers = red; p.switching = a.switching != 0;
     p.ctrl_off = rs_ctrl_offset(ctrl_slot); p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      if (sm90)
-        return launch_counted("kosmos_tn_rs", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],
-                              [&] { return tn_rs_sm90_launch(p, grid, stream); });
-    }
-    ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, a.y_bytes);
-    if (err.success()) g_runs[1]++;
-    return err;
+    return p;
   };
-  return dt == 0 ? launch((float*)nullptr) : dt == 1 ? launch((half_t*)nullptr) : launch((bf16_t*)nullptr);
+  return launch_fused(FusedLaunch{"kosmos_tn_rs", stream, ordinal, grid, dt, sm90, a.y, a.y_bytes}, g_kernels,
+                      g_runs, params, &tn_rs_sm90_launch);
 }
 
 }  // namespace kosmos

@@ -27,6 +27,19 @@
 
 namespace kosmos {
 
+// Both engines' row_ptr hook (gemm/tile_hooks.h) over AG's tile rows: engine
+// row r of tile t (shard src = t.m / T, flattened local row lr) goes to row
+// (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
+// gathered [batch, tp * m_local, N] output h.y; rows past the shard's end to
+// nowhere (nullptr).
+template <class OutT, class Hooks>
+KOSMOS_DEVICE OutT* ag_row_ptr(const Hooks& h, gemm::TileCoord t, int r) {
+  const int src = t.m / h.T;
+  const int lr = r - src * h.T * portable::kBM;
+  if (lr >= h.rows) return nullptr;
+  return reinterpret_cast<OutT*>(h.y) + ag_gathered_row(src, lr, h.tp, h.m_local) * h.N;
+}
+
 // The portable kernels' shared state: the engine's, and the claims' broadcast cell.
 struct AgShared {
   portable::EngineSmem tile;
@@ -71,14 +84,9 @@ struct AgHooks {
     *tile_m = t.m - src * T;
     return src == rank ? x : reinterpret_cast<const Elem*>(gather + (size_t)src * slot_bytes);
   }
-  // Engine row r (shard src, flattened local row lr) goes to row
-  // (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of Y.
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
-    const int src = t.m / T;
-    const int lr = r - src * T * portable::kBM;
-    if (lr >= rows) return nullptr;
-    return reinterpret_cast<OutT*>(y) + ag_gathered_row(src, lr, tp, m_local) * N;
+    return ag_row_ptr<OutT>(*this, t, r);
   }
 };
 

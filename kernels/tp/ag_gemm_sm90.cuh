@@ -94,15 +94,9 @@ struct AgSm90Hooks {
     return out;
   }
 
-  // Engine row r (shard src, flattened local row lr) goes to row
-  // (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
-  // gathered [batch, tp * m_local, N] output.
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
-    const int src = t.m / T;
-    const int lr = r - src * T * portable::kBM;
-    if (lr >= rows) return nullptr;
-    return reinterpret_cast<OutT*>(y) + ag_gathered_row(src, lr, tp, m_local) * N;
+    return ag_row_ptr<OutT>(*this, t, r);
   }
 };
 

@@ -14,6 +14,7 @@
 #include "gemm/portable/tile_engine.cuh"
 #include "gemm/tile_order.h"
 #include "tp/ag_gemm.cuh"
+#include "tp/queue_sched.h"
 
 namespace kosmos {
 
@@ -27,26 +28,21 @@ struct BulkAgParams {
   int group;       // build order: bands of `group` tile rows walked column by column (<= 1: row-major)
 };
 
-// Tile j of the GEMM's build queue; the bands let co-running builders share a
-// few dy rows and a few w rows in L2.
-KOSMOS_HD inline gemm::TileCoord bulk_tile(int tiles_m, int tiles_n, int group, int j) {
-  if (group <= 1) return {j / tiles_n, j % tiles_n};
-  return gemm::SwizzledOrder{tiles_m, tiles_n, group}.at(j);
-}
-
-// Claims of dxp's tiles from the AG control block's build queue (reset by the
-// launch's last CTA, as for AG+GEMM), for the engine's one claiming thread
-// (portable: thread 0; Hopper: the producer thread).
-struct BulkAgSched {
-  AgCtrl* ctrl;
+// dxp's tiles in build-queue order: bands of `group` tile rows walked column
+// by column (<= 1: row-major); the bands let co-running builders share a few
+// dy rows and a few w rows in L2.
+struct BulkAgOrder {
   int tiles_m, tiles_n, group;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
-    if (j >= tiles_m * tiles_n) return false;
-    t = bulk_tile(tiles_m, tiles_n, group, j);
-    return true;
+  KOSMOS_HD int count() const { return tiles_m * tiles_n; }
+  KOSMOS_HD gemm::TileCoord at(int j) const {
+    if (group <= 1) return {j / tiles_n, j % tiles_n};
+    return gemm::SwizzledOrder{tiles_m, tiles_n, group}.at(j);
   }
 };
+
+// Claims of dxp's tiles from the AG control block's build queue (reset by the
+// launch's last CTA, as for AG+GEMM).
+using BulkAgSched = QueueSched<AgCtrl, BulkAgOrder>;
 
 // The portable builders: the SIMT engine over the plain problem dxp [M, k] =
 // dy [M, n] @ w [k, n].T (NN: both operands K-major), with hooks that wait for

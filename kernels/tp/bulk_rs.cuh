@@ -38,6 +38,7 @@
 #include "kosmos/types.h"
 #include "tp/bulk_rs_sched.h"
 #include "tp/heap_use.cuh"
+#include "tp/queue_sched.h"
 #include "tp/rs_layout.h"
 #include "tp/rs_sum.cuh"
 
@@ -71,20 +72,9 @@ struct BulkRsParams {
 // fewer CTAs than 4, benchmarks/RESULTS.md transport).
 constexpr int kBulkPushInFlight = 8;
 
-// GEMM claims in bulk_gemm_tile order, for the engine's one claiming thread
-// (portable: thread 0; Hopper: the producer). Tiles wait for nothing. The shape
-// is read where it lies (the kernel parameters), not copied: the Hopper
-// producer runs on 40 registers, and a copy held there spilled (ptxas).
-struct BulkRsGemmSched {
-  RsCtrl* ctrl;
-  const BulkRsShape& s;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
-    if (j >= bulk_n_gemm(s)) return false;
-    t = bulk_gemm_tile(s, j);
-    return true;
-  }
-};
+// GEMM claims in bulk_gemm_tile order from the RS control block's build queue;
+// tiles wait for nothing.
+using BulkRsGemmSched = QueueSched<RsCtrl, BulkRsGemmOrder>;
 
 // Shared: the CTA's shared state, with at least `int bcast` (claims) and
 // `static const char* kernel()`, the kernel's name in timeout reports.

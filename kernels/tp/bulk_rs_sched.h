@@ -81,6 +81,14 @@ KOSMOS_HD inline int bulk_n_gemm(const BulkRsShape& s) { return s.tiles_m * s.ti
 KOSMOS_HD inline gemm::TileCoord bulk_gemm_tile(const BulkRsShape& s, int j) {
   return gemm::SwizzledOrder{s.tiles_m, s.tiles_n, s.group > 0 ? s.group : 1}.at(j);
 }
+// The GEMM queue as an order (tp/queue_sched.h). The shape is read where it
+// lies (the kernel parameters), not copied: the Hopper producer runs on 40
+// registers, and a copy held there spilled (ptxas).
+struct BulkRsGemmOrder {
+  const BulkRsShape& s;
+  KOSMOS_HD int count() const { return bulk_n_gemm(s); }
+  KOSMOS_HD gemm::TileCoord at(int j) const { return bulk_gemm_tile(s, j); }
+};
 
 KOSMOS_HD inline int bulk_n_reduce(const BulkRsShape& s) { return bulk_bands(s) * s.slices; }
 // Slice q: a band's elements cut into `slices` runs of a multiple of 8
