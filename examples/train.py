@@ -34,7 +34,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import model as model_lib  # noqa: E402
 import twin as twin_lib  # noqa: E402
 
-from kosmos_jax import _ext, ops  # noqa: E402
+import kosmos_jax  # noqa: E402
+from kosmos_jax import ops  # noqa: E402
 
 CORPUS = pathlib.Path(__file__).parent / "data" / "corpus.txt"
 
@@ -89,7 +90,7 @@ def path_ran(moe: bool) -> str:
   ref = [op for op, c in chosen.items() if c == "reference"]
   out = f"fused: {', '.join(fused) or 'none'}; reference twins: {', '.join(ref) or 'none'}"
   if ref and ops.default_impl() != "reference":
-    state = _ext.available()
+    state = kosmos_jax.available()
     status = {op: ops.fused_status(op) for op in ref}
     no_kernel = [op for op, (ok, why) in status.items() if not ok and "no fused kernel" in why]
     slower = [op for op in ref if op not in no_kernel and state]

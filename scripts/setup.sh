@@ -17,7 +17,7 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "jax>=0.10.2" "nvidia-cutlass>=4.0" cmake ninja
 python -m pip install -q --no-build-isolation -e ".[test,examples,hip]"
 python - <<'PY'
-from kosmos_jax import _ext
-print(f"kosmos_jax extension: loaded={bool(_ext.loaded())} ({_ext.loaded().reason}); "
-      f"fused kernels usable here: {bool(_ext.available())} ({_ext.available().reason})")
+import kosmos_jax
+state = kosmos_jax.available()
+print(f"kosmos_jax: fused kernels usable here: {bool(state)} ({state.reason})")
 PY

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pytest_collection_modifyitems(config, items):
-  from kosmos_jax import _ext
-  state = _ext.available()
+  import kosmos_jax
+  state = kosmos_jax.available()
   skip = None if state else pytest.mark.skip(reason=f"kosmos GPU kernels unavailable: {state.reason}")
   for item in items:
     if "tests/gpu" in str(item.fspath).replace("\\", "/"):

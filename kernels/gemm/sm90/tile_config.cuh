@@ -157,7 +157,7 @@ struct SharedStorage {
   gemm::TileCoord done[2];
   int done_valid[2];
   uint32_t done_posts;     // posts so far (consumer thread 0 only: kept here, not in its registers)
-  uint64_t c_free;         // c no longer read by the previous tile's stores (kPrefetchCombine hooks)
+  uint64_t c_free;         // c no longer read by the previous tile's stores (the fold's staging, tp/rs_fold_sm90.cuh)
   uint64_t c_ready;        // the producer's offer for this tile done (and its term landed in c)
   int c_loaded;            // the offer: whether the term was loaded into c
   uint32_t c_offers;       // offers so far (producer thread only)
