@@ -151,15 +151,16 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
-    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
-                      push && tp > 1};
+    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90)
         return launch_counted(op, stream, p.y, a.y_bytes, grid, ordinal, &runs[0], [&] {
-          return a.nn ? ag_nn_sm90_launch(p, grid, stream) : ag_tn_sm90_launch(p, grid, stream);
+          if (a.nn) return ag_nn_sm90_launch(p, grid, stream);
+          // One rank moves nothing: it runs the pull kernel, whatever was asked.
+          return push && tp > 1 ? ag_tn_sm90_launch<Push>(p, grid, stream) : ag_tn_sm90_launch<Pull>(p, grid, stream);
         });
     }
     ffi::Error err =
