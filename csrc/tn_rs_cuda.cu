@@ -104,14 +104,15 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
                                                                        a.x, a.w, a.y);
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
-  const bool push = a.transport != Transport::kPull, fold = a.transport == Transport::kPushFold;
-  if (push && tp > 1 && !sm90)
+  // One rank moves nothing: it runs the pull kernel, whatever was asked.
+  const Transport tr = tp > 1 ? a.transport : Transport::kPull;
+  if (tr != Transport::kPull && !sm90)
     return ffi::Error::InvalidArgument(
         std::string("kosmos_tn_rs: transport='") + transport_name(a.transport) +
         "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
         "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
         "these inputs run the portable builders, which support transport='pull' only");
-  if (fold && tp > 1 && (!a.stage_bf16 || !a.switching))
+  if (tr == Transport::kPushFold && (!a.stage_bf16 || !a.switching))
     return ffi::Error::InvalidArgument("kosmos_tn_rs: transport='push_fold' needs stage='bf16' and switching=True "
                                        "(the fold sums in the bf16 staged epilogue and has no reducers to split "
                                        "off); got stage_bf16=" + std::to_string(a.stage_bf16) +
@@ -124,13 +125,11 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(a.band_rows) + " must be in [1, " +
                                        std::to_string(kRsMaxBands) + "]");
   RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)a.band_rows : 1);
-  shape.push = push && tp > 1;
-  shape.fold = fold && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = (int)(a.cu_cap > 0 && a.cu_cap < g.sm_count ? a.cu_cap : g.sm_count);
   int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
-  if (shape.fold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
+  if (tr == Transport::kPushFold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
   if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
     if (grid < 2)
       return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
@@ -152,7 +151,11 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (sm90)
         return launch_counted("kosmos_tn_rs", stream, p.y, a.y_bytes, grid, ordinal, &g_runs[0],
-                              [&] { return tn_rs_sm90_launch(p, grid, stream); });
+                              [&] {
+                                return tr == Transport::kPull   ? tn_rs_sm90_launch<Pull>(p, grid, stream)
+                                       : tr == Transport::kPush ? tn_rs_sm90_launch<Push>(p, grid, stream)
+                                                                : tn_rs_sm90_launch<PushFold>(p, grid, stream);
+                              });
     }
     ffi::Error err = launch_persistent("kosmos_tn_rs", g_kernels, dt, &p, stream, ordinal, grid, p.y, a.y_bytes);
     if (err.success()) g_runs[1]++;
