@@ -146,16 +146,19 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     for (int r = 0; r < tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)tp; p.m_local = (int)m_local; p.rows = (int)rows;
     p.K = (int)K; p.N = (int)N;
-    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1,
-                      push && tp > 1};
+    p.shape = AgShape{(int)tp, g.rank, (int)tile_rows, (int)((N + tile_n - 1) / tile_n), sm90 ? kAgSwizzle : 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
     return p;
   };
+  auto hopper = [&](const AgParams<bf16_t>& p, int n, cudaStream_t s) {
+    if (a.nn) return ag_nn_sm90_launch(p, n, s);
+    // One rank moves nothing: it runs the pull kernel, whatever was asked.
+    return push && tp > 1 ? ag_tn_sm90_launch<Push>(p, n, s) : ag_tn_sm90_launch<Pull>(p, n, s);
+  };
   return launch_fused(FusedLaunch{op, stream, ordinal, grid, dt, sm90, a.y, a.y_bytes},
-                      a.nn ? g_nn_kernels : g_kernels, g_runs[a.nn ? 1 : 0], params,
-                      a.nn ? &ag_nn_sm90_launch : &ag_tn_sm90_launch);
+                      a.nn ? g_nn_kernels : g_kernels, g_runs[a.nn ? 1 : 0], params, hopper);
 }
 
 }  // namespace kosmos

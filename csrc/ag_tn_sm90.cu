@@ -44,18 +44,19 @@ std::string ag_tn_sm90_prepare(int ordinal) {
 bool ag_tn_sm90_ready(int ordinal) { return sm90_ready(g_state[0], ordinal) && sm90_ready(g_state[1], ordinal); }
 bool ag_nn_sm90_ready(int ordinal) { return sm90_ready(g_state[2], ordinal); }
 
+template <class Tr>
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
   AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}, {}};
-  if (ag.shape.push)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
+  if constexpr (Tr::kPush)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
     p.own = sm90::make_operand_tma<AgCfg::kMajorA, typename AgCfg::RingA>(reinterpret_cast<const sm90::bf16*>(ag.x),
                                                                            ag.rows, ag.K, ag.K);
-  const auto kernel = ag.shape.push ? &ag_tn_sm90_kernel<AgCfg, Push> : &ag_tn_sm90_kernel<AgCfg, Pull>;
-  kernel<<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
+  ag_tn_sm90_kernel<AgCfg, Tr><<<grid, AgCfg::kThreads, sm90::SharedStorage<AgCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }
+template cudaError_t ag_tn_sm90_launch<Pull>(const AgParams<bf16_t>&, int, cudaStream_t);
+template cudaError_t ag_tn_sm90_launch<Push>(const AgParams<bf16_t>&, int, cudaStream_t);
 
 cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
-  if (ag.shape.push) return cudaErrorInvalidValue;  // ag_nn gathers by pull only
   AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}, {}};
   // The own shard's tiles read dY itself while the movers publish it; the peer
   // tiles read the gathered dY where whole tile rows of it are one shard's

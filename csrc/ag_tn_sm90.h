@@ -19,12 +19,15 @@ int ag_tn_sm90_tile_n();
 std::string ag_tn_sm90_prepare(int ordinal);
 bool ag_tn_sm90_ready(int ordinal);
 
-// Launches the kernel over `p` (bf16; p.movers >= 1 when p.tp > 1; p.slot_bytes
+// Launches the kernel of transport Tr (kosmos/pull.h Pull, kosmos/push.h Push:
+// the handler's pick) over `p` (bf16; p.movers >= 1 when p.tp > 1; p.slot_bytes
 // = ag_slot_bytes(p.shape.T * 128, K, 2)) with `grid` CTAs on `stream`.
+template <class Tr>
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& p, int grid, cudaStream_t stream);
 
 // kosmos_ag_nn's Hopper builders: the pull kernel over gemm::Layout::NN (p.w
-// [N, K], dX = AG(dY) @ w.T), prepared beside ag_tn's by ag_tn_sm90_prepare.
+// [N, K], dX = AG(dY) @ w.T; ag_nn gathers by pull only), prepared beside
+// ag_tn's by ag_tn_sm90_prepare.
 bool ag_nn_sm90_ready(int ordinal);
 cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& p, int grid, cudaStream_t stream);
 

@@ -107,7 +107,7 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
     p.g_out = static_cast<T*>(a.xg);
     for (int r = 0; r < a.tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)a.tp; p.m_local = (int)a.m_local; p.rows = (int)a.rows; p.K = (int)a.K;
-    p.shape = AgShape{(int)a.tp, g.rank, (int)((a.rows + portable::kBM - 1) / portable::kBM), 1, 1, 0};
+    p.shape = AgShape{(int)a.tp, g.rank, (int)((a.rows + portable::kBM - 1) / portable::kBM), 1, 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);

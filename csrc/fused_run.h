@@ -142,12 +142,13 @@ struct FusedLaunch {
 
 // Builds the kernel parameters for the launch's element type T with make((T*)
 // nullptr), then launches: bf16 with f.sm90 through the op's Hopper launch
-// `sm90` (counted in runs[0]), anything else the portable kernel k.fn[dtype]
+// sm90(params, grid, stream) (a function, or a lambda that picks the op's
+// transport instantiation; counted in runs[0]), anything else the portable kernel k.fn[dtype]
 // (counted in runs[1]). A launch is counted only once accepted, so the engine
 // counters (*_engine_runs) report what ran, never what was meant to.
-template <class Make, class Sm90Params>
+template <class Make, class Sm90>
 xla::ffi::Error launch_fused(const FusedLaunch& f, const PersistentKernels& k, std::atomic<long long>* runs,
-                             Make&& make, cudaError_t (*sm90)(const Sm90Params&, int, cudaStream_t)) {
+                             Make&& make, Sm90&& sm90) {
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto p = make(tag);

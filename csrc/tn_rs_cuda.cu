@@ -102,14 +102,15 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
                                                                        a.x, a.w, a.y);
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
-  const bool push = a.transport != Transport::kPull, fold = a.transport == Transport::kPushFold;
-  if (push && tp > 1 && !sm90)
+  // One rank moves nothing: it runs the pull kernel, whatever was asked.
+  const Transport tr = tp > 1 ? a.transport : Transport::kPull;
+  if (tr != Transport::kPull && !sm90)
     return ffi::Error::InvalidArgument(
         std::string("kosmos_tn_rs: transport='") + transport_name(a.transport) +
         "' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, rows per "
         "rank a multiple of 128, 16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); "
         "these inputs run the portable builders, which support transport='pull' only");
-  if (fold && tp > 1 && (!a.stage_bf16 || !a.switching))
+  if (tr == Transport::kPushFold && (!a.stage_bf16 || !a.switching))
     return ffi::Error::InvalidArgument("kosmos_tn_rs: transport='push_fold' needs stage='bf16' and switching=True "
                                        "(the fold sums in the bf16 staged epilogue and has no reducers to split "
                                        "off); got stage_bf16=" + std::to_string(a.stage_bf16) +
@@ -122,13 +123,11 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     return ffi::Error::InvalidArgument("kosmos_tn_rs: band_rows=" + std::to_string(a.band_rows) + " must be in [1, " +
                                        std::to_string(kRsMaxBands) + "]");
   RsShape shape = rs_shape((int)tp, g.rank, rows, N, tile_n, sm90 ? (int)a.band_rows : 1);
-  shape.push = push && tp > 1;
-  shape.fold = fold && tp > 1;
   if (auto err = heap_check(shape, tile_n, bf16_stage ? 2 : 4, rows, N, g.heap_bytes); !err.empty())
     return ffi::Error::InvalidArgument(err);
   const int grid = fused_grid(a.cu_cap, g);
   int red = a.reducers < 0 ? rs_default_reducers(grid, (int)tp) : (int)(a.reducers > grid ? grid : a.reducers);
-  if (shape.fold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
+  if (tr == Transport::kPushFold) red = 0, shape.lag = rs_fold_lag(shape, grid);  // nothing to reduce: every CTA builds
   if (!a.switching) {  // a fixed split needs a reducer and a builder: nobody switches to cover either
     if (grid < 2)
       return ffi::Error::InvalidArgument("kosmos_tn_rs: switching=False needs at least 2 CTAs (a reducer and a "
@@ -149,8 +148,13 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
     return p;
   };
+  auto hopper = [&](const RsParams<bf16_t>& p, int n, cudaStream_t s) {
+    return tr == Transport::kPull   ? tn_rs_sm90_launch<Pull>(p, n, s)
+           : tr == Transport::kPush ? tn_rs_sm90_launch<Push>(p, n, s)
+                                    : tn_rs_sm90_launch<PushFold>(p, n, s);
+  };
   return launch_fused(FusedLaunch{"kosmos_tn_rs", stream, ordinal, grid, dt, sm90, a.y, a.y_bytes}, g_kernels,
-                      g_runs, params, &tn_rs_sm90_launch);
+                      g_runs, params, hopper);
 }
 
 }  // namespace kosmos

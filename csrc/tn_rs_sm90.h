@@ -18,8 +18,11 @@ int tn_rs_sm90_tile_n();
 std::string tn_rs_sm90_prepare(int ordinal);
 bool tn_rs_sm90_ready(int ordinal);
 
-// Launches the kernel over `p` (bf16, rows % 128 == 0, tile_n = tn_rs_sm90_tile_n(),
-// staging bf16 when p.stage_bf16 else fp32) with `grid` CTAs on `stream`.
+// Launches the kernel of transport Tr (kosmos/pull.h Pull, kosmos/push.h Push
+// or PushFold: the handler's pick) over `p` (bf16, rows % 128 == 0, tile_n =
+// tn_rs_sm90_tile_n(), staging bf16 when p.stage_bf16 else fp32; PushFold:
+// bf16 only) with `grid` CTAs on `stream`.
+template <class Tr>
 cudaError_t tn_rs_sm90_launch(const RsParams<bf16_t>& p, int grid, cudaStream_t stream);
 
 }  // namespace kosmos

@@ -87,7 +87,7 @@ do_bench() {
   [ -n "$RS_SHAPES" ] && for t in ref new; do loopback $t tn_rs "$RS_SHAPES" "${ARMS_RS:-pull,push,push_fold}" $(( per * 3 / 2 )); done
   [ -n "$AG_SHAPES" ] && for t in ref new; do loopback $t ag_tn "$AG_SHAPES" "${ARMS_AG:-pull,push}" $per; done
   for t in ref new; do
-    in_tree $t timeout $(( per / 2 + 30 )) $PY benchmarks/gemm.py --layouts TN --caps "" --protocol interleaved \
+    in_tree $t timeout $(( per + 40 )) $PY benchmarks/gemm.py --layouts TN --caps "" --protocol interleaved \
       --reps 5 > "$OUT/gemm_$t.log" 2>&1
     echo "gemm TN ($t) rc=$? at ${SECONDS}s"
     cp "$([ $t = ref ] && echo "$REF" || echo "$ROOT")/benchmarks/out/gemm.csv" "$OUT/ab_$t/gemm.csv" 2>/dev/null

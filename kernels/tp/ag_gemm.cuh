@@ -10,7 +10,7 @@
 // build claims are tp/ag_ops.cuh; this file has the portable builders (the
 // portable tile engine with AgHooks); ag_gemm_sm90.cuh has the Hopper ones,
 // which may also push: movers write their own rows into the peers' slots
-// (AgShape::push; AgDeviceOps::announce_ready, push).
+// (the Push transport; AgDeviceOps::announce_ready, push).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -94,7 +94,7 @@ struct AgHooks {
 // engine over the build queue: ag_tn TN over w [K, N], ag_nn NN over w [N, K]
 // (dX = AG(dY) @ w.T). Its A has every shard's T tile rows, shard-major.
 template <typename T, AgOp kOp>
-struct AgOps : AgDeviceOps<T, AgShared, false, kOp> {
+struct AgOps : AgDeviceOps<T, AgShared, Pull, kOp> {
   using Engine = portable::TileEngine<kOp == AgOp::kNn ? gemm::Layout::NN : gemm::Layout::TN, T, T>;
   static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "AgShape's tiles are the engine's");
 
@@ -115,7 +115,7 @@ KOSMOS_DEVICE void ag_portable_cta(const AgParams<T>& p, AgShared& sm) {
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   AgOps<T, kOp> ops{{p, sm, ctrl, epoch, false}};
-  ag_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
+  ag_cta<Pull>(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.movers, p.switching != 0);
 }
 
 // Dynamic shared memory is only padding: it makes two CTAs never fit on one SM.

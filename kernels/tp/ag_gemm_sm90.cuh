@@ -40,8 +40,8 @@ struct AgSm90Shared {
 // By value, not a pointer into the kernel parameters: the epilogue stores through
 // row_ptr, and a pointer the compiler must assume those stores may alias would
 // reload every field (and redo the divisions) per stored element pair.
-// Tr: the transport (kosmos/pull.h, kosmos/push.h; AgShape::push at compile
-// time): where peer rows land and how a builder waits for them.
+// Tr: the transport (kosmos/pull.h, kosmos/push.h), the kernel's: where peer
+// rows land and how a builder waits for them.
 // kOwnFromX: the own shard's tiles read x itself (a_source), so no builder
 // waits for its own rows: push, where nothing is published, and ag_nn, whose
 // pull movers still publish (for the peers and the gathered output) while the
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   // An NN engine is ag_nn's (dX = AG(dY) @ w.T): its movers also return the gathered rows.
   constexpr AgOp kOp = Cfg::kLayout == gemm::Layout::NN ? AgOp::kNn : AgOp::kTn;
-  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, Tr::kPush, kOp> {
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, Tr, kOp> {
     const AgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
-  ag_cta(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);
+  ag_cta<Tr>(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -25,7 +25,7 @@ struct AgCtrl {
   uint32_t finished;       // CTAs done this launch
   uint32_t pad_;
   uint64_t done[kMaxRanks];  // done[p] = last epoch in which peer p finished reading our slot
-  uint64_t ready[kMaxRanks];  // ready[p] = last epoch in which peer p's gather region took pushes (AgShape::push)
+  uint64_t ready[kMaxRanks];  // ready[p] = last epoch in which peer p's gather region took pushes (Push)
   uint64_t pub[kMaxTileRows];  // pub[t] = epoch our tile row t was published (peers read it)
   uint64_t arrived[kMaxRanks * kMaxTileRows];  // [src][t]: epoch src's row t landed here
 };

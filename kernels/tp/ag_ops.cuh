@@ -2,7 +2,7 @@
 // its Hopper builders (tp/ag_gemm_sm90.cuh) and bulk AG || NN (tp/bulk_ag*.cuh):
 // the launch parameters, the movers (publish, pull, push: AgDeviceOps), the
 // epoch's finish, and the build queue's claims for a tile engine (AgSched).
-// The CTA life they serve is tp/ag_sched.h ag_cta.
+// The CTA life they serve is tp/ag_sched.h ag_cta, over the same transport Tr.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include "gemm/tile_problem.h"
 #include "kosmos/cta.h"
 #include "kosmos/platform.h"
+#include "kosmos/push.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
@@ -53,10 +54,9 @@ struct AgParams {
 enum class AgOp { kTn, kNn, kBulk };
 
 // The movers' device operations. Shared: the CTA's shared state, with at least
-// `int bcast` (claims). kPush: AgShape::push at compile time (the Hopper push
-// kernel); without it no push code is compiled, which keeps the pull kernels'
-// registers as they were.
-template <typename T, class Shared, bool kPush = false, AgOp kOp = AgOp::kTn>
+// `int bcast` (claims). Tr: the transport (kosmos/pull.h, kosmos/push.h), as
+// ag_cta's; a pull kernel compiles no push code, which keeps its registers.
+template <typename T, class Shared, class Tr, AgOp kOp = AgOp::kTn>
 struct AgDeviceOps {
   const AgParams<T>& p;
   Shared& sm;
@@ -97,22 +97,17 @@ KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* b
 // The data region is overwritten (by a publish or a pull, or by the peers'
 // pushes after announce_ready) only after the last writer's readers are done
 // (tp/heap_use.cuh).
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::guard_data() {
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::guard_data() {
   heap_use_guard(peers_done, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
 }
 
-// Push transport: our gather region may take the peers' pushes of this epoch
-// once its last readers are done (guard_data); the peers poll ready[] in their
-// own control blocks, so the announcement is a remote store, not a remote poll.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::announce_ready() {
-  if constexpr (kPush) {
-    guard_data();
-    if (threadIdx.x == 0)
-      for (int r = 0; r < p.tp; ++r)
-        if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
-  }
+// Push: our gather region may take the peers' pushes of this epoch once its
+// last readers are done (guard_data).
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::announce_ready() {
+  guard_data();
+  Tr::announce_ready(p.heap, p.ctrl_off + offsetof(AgCtrl, ready), epoch, p.tp, p.rank);
 }
 
 // x's tile row m.t straight into peer m.dst's slot for this rank, once the peer
@@ -120,14 +115,9 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::announce_ready() {
 // every thread's remote stores before thread 0's system-scope release, which the
 // peer's builders acquire at system scope (and fence to the async proxy before
 // TMA reads the rows).
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::push(const AgMove& m, int i, size_t off, size_t bytes) {
-  const TraceSpan wait;
-  if (threadIdx.x == 0) {
-    wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
-    wait.close(p.trace, blockIdx.x, kTraceWait, i);
-  }
-  __syncthreads();
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::push(const AgMove& m, int i, size_t off, size_t bytes) {
+  Tr::wait_ready(ctrl->ready, m.dst, epoch, p.timeout_ns, "ag_tn", p.rank, p.trace, i);
   const TraceSpan span;
   cta_copy16<kMoveInFlight>(slot(m.dst, p.rank) + off, reinterpret_cast<const char*>(p.x) + off, bytes);
   __syncthreads();
@@ -141,8 +131,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::push(const AgMove& m, int
 // slot `slot_dst` (kBulk's pulls: nullptr, none) and, for kNn and kBulk, into
 // g_out: one contiguous run per batch the tile row spans, each vector read once
 // and stored to both.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::land(char* slot_dst, const char* from, int src, int t) {
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::land(char* slot_dst, const char* from, int src, int t) {
   size_t off, bytes;
   row_range(p, t, &off, &bytes);
   if constexpr (kOp == AgOp::kTn) return cta_copy16<kMoveInFlight>(slot_dst + off, from + off, bytes);
@@ -156,14 +146,15 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::land(char* slot_dst, cons
   }
 }
 
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::move(const AgMove& m, int i) {
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::move(const AgMove& m, int i) {
   size_t off, bytes;
   row_range(p, m.t, &off, &bytes);
   guard_data();
-  if constexpr (kPush) {
+  // Every push-queue item is a push (ag_move_item); without this test ptxas
+  // allocates the Hopper push kernel 4 more bytes of spills.
+  if constexpr (Tr::kPush)
     if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
-  }
   if (m.publish) {
     const TraceSpan span;
     land(slot(p.rank, p.rank), reinterpret_cast<const char*>(p.x), p.rank, m.t);
@@ -187,8 +178,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::move(const AgMove& m, int
 
 // The last CTA to finish tells every peer we are done reading its slot for this
 // epoch, resets the queues and advances the epoch: no host work between launches.
-template <typename T, class Shared, bool kPush, AgOp kOp>
-KOSMOS_DEVICE void AgDeviceOps<T, Shared, kPush, kOp>::finish(int grid) {
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
   ctrl->move_next = 0;

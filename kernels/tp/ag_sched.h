@@ -8,7 +8,7 @@
 // link is busy. Publish items precede all pulls, so once a pull is claimed
 // anywhere every publish of that rank was claimed earlier by a running CTA: a
 // pull only ever waits on claimed work, on every rank.
-// Push transport (AgShape::push; only the Hopper kernels compile it): per local tile row t, one
+// Push transport (Tr = Push; only the Hopper kernels compile it): per local tile row t, one
 // push per peer (destination-minor), T*(tp-1) items, and no publish: the own
 // shard's builders read x itself (tp/ag_gemm_sm90.cuh). A push copies x's row t
 // straight into the peer's slot for this rank and releases the peer's arrived
@@ -18,6 +18,8 @@
 // Build queue: every tile of the local shard first (its rows come straight from
 // x), then peer tiles tile-row-major and source-minor (the pull order; under
 // push the order in which each peer's rows leave it).
+// The transport Tr (kosmos/pull.h Pull, kosmos/push.h Push) is a template
+// parameter of the move queue and of ag_cta: a kernel compiles one queue.
 #pragma once
 
 #include <cstddef>
@@ -33,7 +35,6 @@ struct AgShape {
   int T;      // tile rows per shard
   int NT;     // tile columns of the output
   int group;  // build order: bands of `group` tile rows walked column by column; <= 1: row-major
-  int push = 0;  // 1: push transport; 0: pull
 };
 
 struct AgMove {
@@ -56,7 +57,10 @@ KOSMOS_HD inline size_t ag_gathered_row(int src, int lr, int tp, int m_local) {
 }
 
 // With no peers there is nothing to publish or pull; push publishes nothing.
-KOSMOS_HD inline int ag_n_move(const AgShape& s) { return s.tp > 1 ? s.T * (s.push ? s.tp - 1 : s.tp) : 0; }
+template <class Tr>
+KOSMOS_HD inline int ag_n_move(const AgShape& s) {
+  return s.tp > 1 ? s.T * (Tr::kPush ? s.tp - 1 : s.tp) : 0;
+}
 KOSMOS_HD inline int ag_n_build(const AgShape& s) { return s.T * s.NT * s.tp; }
 
 // Peer tile row q of the build order (and pull q): tile-row-major, source-minor.
@@ -65,8 +69,9 @@ KOSMOS_HD inline AgMove ag_peer_row(const AgShape& s, int q) {
   return {false, (s.rank + 1 + q % peers) % s.tp, q / peers, s.rank};
 }
 
+template <class Tr>
 KOSMOS_HD inline AgMove ag_move_item(const AgShape& s, int i) {
-  if (s.push) {
+  if constexpr (Tr::kPush) {
     const int t = i / (s.tp - 1), k = 1 + i % (s.tp - 1);
     return {false, s.rank, t, (s.rank + k) % s.tp};
   }
@@ -122,13 +127,15 @@ KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
 // a grid of one CTA per rank: that CTA is a mover (tp > 1), moves its whole
 // queue (its pulls wait only on the peers' publishes, which each peer's one CTA
 // runs first), then builds tiles whose rows have all landed.
-template <class Ops>
+template <class Tr, class Ops>
 KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
-  const int n_move = ag_n_move(s);
+  static_assert(!Tr::kFold, "the fold is GEMM+RS's");
+  const int n_move = ag_n_move<Tr>(s);
   const bool mover = initial_role(cta, grid, movers) == Role::kMover;
-  if (mover && s.push && n_move > 0) ops.announce_ready();
+  if constexpr (Tr::kPush)
+    if (mover && n_move > 0) ops.announce_ready();
   if (mover)
-    for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item(s, i), i);
+    for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item<Tr>(s, i), i);
   if (!mover || switching) ops.build_all();
   ops.finish(grid);
 }

@@ -48,7 +48,7 @@ using BulkAgSched = QueueSched<AgCtrl, BulkAgOrder>;
 // dy [M, n] @ w [k, n].T (NN: both operands K-major), with hooks that wait for
 // nothing: no row a tile reads is moved.
 template <typename T>
-struct BulkAgOps : AgDeviceOps<T, AgShared, false, AgOp::kBulk> {
+struct BulkAgOps : AgDeviceOps<T, AgShared, Pull, AgOp::kBulk> {
   using Engine = portable::TileEngine<gemm::Layout::NN, T, T>;
   const BulkAgParams<T>& q;
 
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(portable::kThreads, 1) bulk_ag_nn_kernel(const
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(q.ag.heap[q.ag.rank] + q.ag.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   BulkAgOps<T> ops{{q.ag, sm, ctrl, epoch, false}, q};
-  ag_cta(ops, q.ag.shape, (int)blockIdx.x, (int)gridDim.x, q.ag.movers, q.ag.switching != 0);
+  ag_cta<Pull>(ops, q.ag.shape, (int)blockIdx.x, (int)gridDim.x, q.ag.movers, q.ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const AgParams<bf16_t>& ag = p.b.ag;
   AgCtrl* ctrl = reinterpret_cast<AgCtrl*>(ag.heap[ag.rank] + ag.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, false, AgOp::kBulk> {
+  struct Ops : AgDeviceOps<bf16_t, AgSm90Shared, Pull, AgOp::kBulk> {
     const BulkAgSm90Params<Cfg>& pp;
     sm90::SharedStorage<Cfg>& s;
     KOSMOS_DEVICE void build_all() {
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (threadIdx.x == 0) span.close(this->p.trace, blockIdx.x, kTraceBuild);
     }
   } ops{{ag, sm, ctrl, epoch, false}, p, s};
-  ag_cta(ops, ag.shape, (int)blockIdx.x, (int)gridDim.x, ag.movers, ag.switching != 0);
+  ag_cta<Pull>(ops, ag.shape, (int)blockIdx.x, (int)gridDim.x, ag.movers, ag.switching != 0);
 }
 
 }  // namespace kosmos

@@ -7,13 +7,14 @@
 // with the CPU emulation; this file supplies its device operations and the
 // portable kernel (the Hopper one: tp/bulk_rs_sm90.cuh).
 //
-// Transport: push, as GEMM+RS's push. A mover copies band b of chunk c of our
-// dx_partial into rank c's staging slot for us (bulk_stage_pos) and releases
-// c's pub[b][rank] at system scope; c's reducers sum their own chunk band by
-// band, reading their own term straight from dx_partial and the peers' from
-// local staging once they have acquired those flags. A peer's staging takes
-// pushes of an epoch only after the peer announced it (ready[], once its data
-// region's last readers are done: tp/heap_use.cuh).
+// Transport: push (kosmos/push.h), as GEMM+RS's push. A mover copies band b
+// of chunk c of our dx_partial into rank c's staging slot for us
+// (bulk_stage_pos) and releases c's pub[b][rank] at system scope; c's reducers
+// sum their own chunk band by band, reading their own term straight from
+// dx_partial and the peers' from local staging once they have acquired those
+// flags. A peer's staging takes pushes of an epoch only after the peer
+// announced it (ready[], once its data region's last readers are done:
+// tp/heap_use.cuh).
 //
 // Control block: GEMM+RS's (RsCtrl, rs_ctrl_offset(slot)); the push queue is its
 // move_next. Sharing it with tn_rs is safe: the ops of a group run in the same
@@ -31,6 +32,7 @@
 #include "gemm/portable/tile_engine.cuh"
 #include "kosmos/cta.h"
 #include "kosmos/platform.h"
+#include "kosmos/push.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
@@ -104,15 +106,13 @@ struct BulkRsDeviceOps {
 };
 
 // Our staging may take the peers' pushes of this epoch once its last readers,
-// of whichever op wrote it last, are done; a remote store, so the peers poll
-// their own control blocks. Once per CTA (bulk_rs_cta), so the guard is too.
+// of whichever op wrote it last, are done. Once per CTA (bulk_rs_cta), so the
+// guard is too.
 template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::announce_ready() {
   bool seen = false;
   heap_use_guard(seen, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
-  if (threadIdx.x == 0)
-    for (int r = 0; r < p.tp; ++r)
-      if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
+  Push::announce_ready(p.heap, p.ctrl_off + offsetof(RsCtrl, ready), epoch, p.tp, p.rank);
 }
 
 // n elements from src to dst, CTA-wide: 16-byte vectors where both ends are
@@ -149,12 +149,7 @@ KOSMOS_DEVICE void bulk_copy(T* dst, const T* src, size_t n) {
 // owner's reducers acquire at system scope.
 template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::push(const BulkPush& m, int i) {
-  const TraceSpan wait;
-  if (threadIdx.x == 0) {
-    wait_ge<Scope::kSys>(&ctrl->ready[m.dst], epoch, p.timeout_ns, site("peer_ready", m.dst));
-    wait.close(p.trace, blockIdx.x, kTraceWait, i);
-  }
-  __syncthreads();
+  Push::wait_ready(ctrl->ready, m.dst, epoch, p.timeout_ns, Shared::kernel(), p.rank, p.trace, i);
   const TraceSpan span;
   const BulkRsShape& s = p.shape;
   const size_t off = (size_t)bulk_band_row0(s, m.band) * s.cols;

@@ -7,7 +7,8 @@
 // with the CPU emulation; this file supplies its device operations and the
 // portable builders: the portable tile engine over RsSched with RsHooks. The
 // Hopper builders (gemm_rs_sm90.cuh) may also push: builders write partials
-// into their owner's staging; the portable kernel pulls only.
+// into their owner's staging; the portable kernel pulls only. The transport is
+// a template parameter (Tr) of the schedule and of RsDeviceOps, as the kernel's.
 //
 // Arrival is signalled by flags (pub[] epochs), not by a NaN sentinel in the
 // data as in the paper: the portable engine stores plain fp32, and an epoch flag
@@ -21,6 +22,8 @@
 #include "gemm/tile_hooks.h"
 #include "kosmos/cta.h"
 #include "kosmos/platform.h"
+#include "kosmos/pull.h"
+#include "kosmos/push.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
@@ -61,11 +64,13 @@ struct RsParams {
 struct RsShared {
   portable::EngineSmem tile;
   int bcast;
+  static KOSMOS_DEVICE const char* kernel() { return "tn_rs"; }
 };
 
-// Shared: the CTA's shared state, with at least `int bcast` (claims) and, for
-// the portable builders, `portable::EngineSmem tile`.
-template <typename T, class Shared = RsShared>
+// Tr: the transport, rs_cta's. Shared: the CTA's shared state, with at least
+// `int bcast` (claims), `static const char* kernel()` (the kernel's name in
+// timeout reports) and, for the portable builders, `portable::EngineSmem tile`.
+template <typename T, class Tr, class Shared = RsShared>
 struct RsDeviceOps {
   const RsParams<T>& p;
   Shared& sm;
@@ -80,7 +85,9 @@ struct RsDeviceOps {
   KOSMOS_DEVICE E* stage(int r, int slot) const {
     return reinterpret_cast<E*>(p.heap[r] + kHeapDataOffset) + (size_t)slot * rs_tile_elems(p.tile_n);
   }
-  KOSMOS_DEVICE WaitSite site(const char* flag, int i) const { return {"tn_rs", p.rank, (int)blockIdx.x, flag, i}; }
+  KOSMOS_DEVICE WaitSite site(const char* flag, int i) const {
+    return {Shared::kernel(), p.rank, (int)blockIdx.x, flag, i};
+  }
   KOSMOS_DEVICE int bcast(int v) { return cta_bcast(&sm.bcast, v); }
   KOSMOS_DEVICE int claim_reduce() {
     return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->reduce_next, 0}.claim() : 0);
@@ -115,20 +122,18 @@ struct RsDeviceOps {
   KOSMOS_DEVICE void wait_band(int src, int b) {
     if (threadIdx.x == 0) {
       const TraceSpan wait;
-      const RsStaged h = rs_staged(p.shape, src, p.rank);
+      const RsStaged h = rs_staged<Tr>(src, p.rank);
       wait_ge<Scope::kSys>(&ctrl_of(h.home)->pub[rs_flag_index(b, h.pos)], epoch, p.timeout_ns,
                            site("pub", src * kRsMaxBands + b));
       wait.close(p.trace, blockIdx.x, kTraceWait, b);
     }
     __syncthreads();
   }
-  // Push transport: our staging may take the peers' partials of this epoch once
-  // its last readers are done; a remote store, so the peers poll locally.
+  // Push: our staging may take the peers' partials of this epoch once its last
+  // readers are done.
   KOSMOS_DEVICE void announce_ready() {
     guard_data();
-    if (threadIdx.x == 0)
-      for (int r = 0; r < p.tp; ++r)
-        if (r != p.rank) store_release<Scope::kSys>(&ctrl_of(r)->ready[p.rank], epoch);
+    Tr::announce_ready(p.heap, p.ctrl_off + offsetof(RsCtrl, ready), epoch, p.tp, p.rank);
   }
   KOSMOS_DEVICE void reduce(const RsSlice& sl);
   KOSMOS_DEVICE void finish(int grid);
@@ -137,8 +142,8 @@ struct RsDeviceOps {
 // Sums the slice's tiles over ranks 0..tp-1 in that order (rs_reduce_fixed),
 // threads splitting the elements; L2-only loads, since peers and other CTAs
 // wrote the staging during this launch. Rounded once into Y.
-template <typename T, class Shared>
-KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
+template <typename T, class Tr, class Shared>
+KOSMOS_DEVICE void RsDeviceOps<T, Tr, Shared>::reduce(const RsSlice& sl) {
   const TraceSpan span;
   const RsShape& s = p.shape;
   for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
@@ -159,8 +164,8 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::reduce(const RsSlice& sl) {
 // The last CTA to finish tells every peer we are done reading its staging for
 // this epoch, records this launch as the data region's last writer, resets the
 // local counters and advances the epoch: no host work between launches.
-template <typename T, class Shared>
-KOSMOS_DEVICE void RsDeviceOps<T, Shared>::finish(int grid) {
+template <typename T, class Tr, class Shared>
+KOSMOS_DEVICE void RsDeviceOps<T, Tr, Shared>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
   const int bands = rs_bands(p.shape);
@@ -176,7 +181,8 @@ KOSMOS_DEVICE void RsDeviceOps<T, Shared>::finish(int grid) {
 // (portable: thread 0; Hopper: the producer thread); within a band column by
 // column (rs_band_tile_colmajor), which matters once bands are several rows
 // tall (RsConfig.band_rows, csrc/tn_rs_cuda.cu rs_shape). Engine tile row m is
-// chunk c's tile row tr at m = c * T + tr.
+// chunk c's tile row tr at m = c * T + tr. Tr: the transport, rs_cta's.
+template <class Tr>
 struct RsSched {
   RsCtrl* ctrl;
   RsShape s;
@@ -184,9 +190,10 @@ struct RsSched {
   KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
     const int j = (int)WorkQueue{&ctrl->build_next, 0}.claim();
     if (j >= rs_n_build(s)) return false;
-    const RsTile rt = rs_build_item(s, j);
+    const RsTile rt = rs_build_item<Tr>(s, j);
     // Claimed, not yet built: peers' reducers may now wait on this step's bands.
-    if (!s.fold && j + 1 == rs_step_end(s, rt.band)) store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
+    if (!Tr::kFold && j + 1 == rs_step_end(s, rt.band))
+      store_release<Scope::kSys>(&ctrl->step_claimed[rt.band], epoch);
     const RsBandTile bt = rs_band_tile_colmajor(s, rt.band, rt.k);
     t = gemm::TileCoord{rt.chunk * s.T + rt.band * s.R + bt.row, bt.col};
     return true;
@@ -244,15 +251,13 @@ struct RsHooks {
   }
 };
 
-// The portable kernel's Ops: the engine (TN, fp32 out) over x [tp * rows, K]
-// read chunk by chunk, and RsDeviceOps' reducers.
+// The portable kernel's Ops, pull only (the handler refuses push here): the
+// engine (TN, fp32 out) over x [tp * rows, K] read chunk by chunk, and
+// RsDeviceOps' reducers.
 template <typename T>
-struct RsOps : RsDeviceOps<T> {
+struct RsOps : RsDeviceOps<T, Pull> {
   using Engine = portable::TileEngine<gemm::Layout::TN, float, T>;
   static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "RsShape's tiles are the engine's");
-
-  // Pull only (the launcher refuses push here): nothing to announce.
-  KOSMOS_DEVICE void announce_ready() {}
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.
@@ -260,7 +265,7 @@ struct RsOps : RsDeviceOps<T> {
     this->guard_data();
     const TraceSpan span;
     const RsParams<T>& a = this->p;
-    RsSched sched{this->ctrl, a.shape, this->epoch};
+    RsSched<Pull> sched{this->ctrl, a.shape, this->epoch};
     RsHooks<T> hooks{a.x, this->template stage<float>(a.rank, 0), this->ctrl, this->epoch, a.shape, a.rows, a.K,
                      a.tile_n};
     const gemm::Problem prob{a.x, a.w, nullptr, a.tp * a.shape.T * Engine::kBM, a.N, a.K};
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(portable::kThreads, 1) tn_rs_kernel(const RsPa
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.heap[p.rank] + p.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
   RsOps<T> ops{{p, sm, ctrl, epoch, false}};
-  rs_cta(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers, p.switching != 0);
+  rs_cta<Pull>(ops, p.shape, (int)blockIdx.x, (int)gridDim.x, p.reducers, p.switching != 0);
 }
 
 }  // namespace kosmos

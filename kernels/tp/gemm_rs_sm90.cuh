@@ -6,14 +6,14 @@
 // queue is empty the CTA reduces (one way). Reducers never build.
 //
 // Staging type StageT: float (partials exact to fp32) or bf16 (half the bytes
-// written, and carried over NVLink, per partial). Pull (default): partials are
-// staged here and the peers' reducers pull them; push (RsShape::push): the
+// written, and carried over NVLink, per partial). Pull: partials are
+// staged here and the peers' reducers pull them; push (Tr = Push): the
 // epilogue writes each partial into its chunk owner's staging (rs_staged). Either way the
 // reducers sum the ranks in fp32 in rank order and round once, so the result is
 // bitwise reproducible; bf16 partials are rounded once each, as XLA's bf16 dot
-// output is before its psum_scatter. Fold (RsShape::fold, push with bf16
+// output is before its psum_scatter. Fold (Tr = PushFold, with bf16
 // staging): no reducers; the epilogue of each own-chunk tile adds the peers'
-// pushed partials in rank order and rounds once into Y (kFold, combine below).
+// pushed partials in rank order and rounds once into Y (combine below).
 //
 // A is x read as one [tp * rows, K] matrix; chunk c's tile row tr is engine tile
 // row c * T + tr, so rows % kBM == 0 (a tile never straddles two chunks: the
@@ -44,21 +44,23 @@ struct RsSm90Params {
 
 struct RsSm90Shared {
   int bcast;
+  static KOSMOS_DEVICE const char* kernel() { return "tn_rs_sm90"; }
 };
 
 // By value (see AgSm90Hooks): the epilogue stores through row_ptr. A peer's
 // heap (push only) is looked up in the kernel parameters (`rs`, __grid_constant__,
 // so no local copy): per-rank arrays held here would live in local memory.
-// Tr is the transport (kosmos/pull.h, kosmos/push.h; RsShape::push at compile
-// time: the pull kernel compiles no push code, which keeps the register budget
-// of its producer thread, 40). Tr::home names the rank whose staging holds a
-// partial. kFold (RsShape::fold, with Push and bf16 staging): own-chunk tiles are
-// combined with the peers' partials in the epilogue and go straight to Y.
-template <class Cfg, class StageT, class Tr, bool kFold = false>
+// Tr is the transport (kosmos/pull.h, kosmos/push.h), the kernel's: the pull
+// kernel compiles no push code, which keeps the register budget of its
+// producer thread, 40. Tr::home names the rank whose staging holds a partial.
+// Tr::kFold (PushFold, bf16 staging): own-chunk tiles are combined with the
+// peers' partials in the epilogue and go straight to Y.
+template <class Cfg, class StageT, class Tr>
 struct RsSm90Hooks {
+  static constexpr bool kFold = Tr::kFold;
   static constexpr bool kTileDone = true, kMapsRows = true;
   static constexpr bool kStoreBoxes = sizeof(StageT) == 2;  // bf16 partials leave by TMA store (store_box)
-  static_assert(!kFold || (Tr::kPush && sizeof(StageT) == 2), "fold: push with bf16 staging");
+  static_assert(!kFold || sizeof(StageT) == 2, "fold: bf16 staging");
   using TmaC = typename RsSm90Params<Cfg>::TmaC;
   const RsParams<bf16_t>* rs;
   const RsSm90Params<Cfg>* maps;  // the kernel parameters (stage_map, y_map: TMA reads them there)
@@ -96,7 +98,7 @@ struct RsSm90Hooks {
   };
   KOSMOS_DEVICE Slot slot_of(gemm::TileCoord t) const {
     const int chunk = t.m / s.T, tr = t.m - chunk * s.T, band = tr / s.R;
-    const RsStaged h = rs_staged(Tr::kPush, rank, chunk);
+    const RsStaged h = rs_staged<Tr>(rank, chunk);
     return {h.home, rs_stage_slot(s, band, h.pos, rs_band_index(s, tr - band * s.R, t.n))};
   }
   KOSMOS_DEVICE StageT* tile_of(gemm::TileCoord t) const {
@@ -204,34 +206,28 @@ struct RsSm90Hooks {
     if (add_acq_rel_gpu_u32(&ctrl->band_count[rs_flag_index(band, chunk)], 1) + 1 !=
         (uint32_t)rs_band_tiles(s, band))
       return;
-    const RsStaged h = rs_staged(Tr::kPush, rank, chunk);
+    const RsStaged h = rs_staged<Tr>(rank, chunk);
     store_release<Scope::kSys>(&ctrl_at(h.home)->pub[rs_flag_index(band, h.pos)], epoch);
   }
 };
 
-template <class Cfg, class StageT, class Tr, bool kFold>
-struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
+template <class Cfg, class StageT, class Tr>
+struct RsSm90Ops : RsDeviceOps<bf16_t, Tr, RsSm90Shared> {
   const RsSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& s;
 
   KOSMOS_DEVICE StageT* tile(int r, int slot) const { return this->template stage<StageT>(r, slot); }
-
-  // The schedule asks whenever RsShape::push is set; the pull kernel compiles
-  // none of it (the wait and the remote stores cost it spills otherwise).
-  KOSMOS_DEVICE void announce_ready() {
-    if constexpr (Tr::kPush) RsDeviceOps<bf16_t, RsSm90Shared>::announce_ready();
-  }
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.
   KOSMOS_DEVICE void build_all() {
     this->guard_data();
     const RsParams<bf16_t>& a = this->p;
-    RsSched sched{this->ctrl, a.shape, this->epoch};
-    using Hooks = RsSm90Hooks<Cfg, StageT, Tr, kFold>;
+    RsSched<Tr> sched{this->ctrl, a.shape, this->epoch};
+    using Hooks = RsSm90Hooks<Cfg, StageT, Tr>;
     Hooks hooks{&a, &pp, this->ctrl, tile(a.rank, 0), this->epoch, a.timeout_ns, a.shape, a.rows, a.tile_n, a.rank};
     using EngineOut = std::conditional_t<std::is_same_v<StageT, float>, float, gemm::bf16>;
-    if constexpr (kFold) {
+    if constexpr (Tr::kFold) {
       sm90::TileEngine<Cfg, EngineOut, Hooks, FoldStaging>::run(pp.g, s, sched, hooks);
     } else {
       sm90::TileEngine<Cfg, EngineOut, Hooks>::run(pp.g, s, sched, hooks);
@@ -239,24 +235,10 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, RsSm90Shared> {
     __syncthreads();  // the engine's warp groups leave at different times (the hooks traced each tile)
   }
 
-  KOSMOS_DEVICE void wait_build_claimed(int j) {
-    if (threadIdx.x == 0) {
-      const TraceSpan wait;
-      const uint64_t start = now_ns();
-      while (!WorkQueue{&this->ctrl->build_next, 0}.claimed((uint32_t)j)) {
-        if (now_ns() - start > this->p.timeout_ns)
-          timeout_trap({"tn_rs_sm90", this->p.rank, (int)blockIdx.x, "build_next(claims)", j}, (uint64_t)j + 1,
-                       ld_relaxed_u32(&this->ctrl->build_next), this->p.timeout_ns);
-      }
-      wait.close(this->p.trace, blockIdx.x, kTraceWait, j);
-    }
-    __syncthreads();
-  }
-
   KOSMOS_DEVICE void reduce(const RsSlice& sl) { RsSm90Reduce<StageT, Tr>::reduce(*this, sl); }
 };
 
-template <class Cfg, class StageT, class Tr, bool kFold = false>
+template <class Cfg, class StageT, class Tr>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
   static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
@@ -264,8 +246,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __gr
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   RsCtrl* ctrl = reinterpret_cast<RsCtrl*>(p.rs.heap[p.rs.rank] + p.rs.ctrl_off);
   const uint64_t epoch = launch_epoch(&ctrl->epoch);
-  RsSm90Ops<Cfg, StageT, Tr, kFold> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
-  rs_cta(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
+  RsSm90Ops<Cfg, StageT, Tr> ops{{p.rs, sm, ctrl, epoch, false}, p, s};
+  rs_cta<Tr>(ops, p.rs.shape, (int)blockIdx.x, (int)gridDim.x, p.rs.reducers, p.rs.switching != 0);
 }
 
 }  // namespace kosmos

@@ -28,7 +28,7 @@ struct RsCtrl {
   uint32_t move_next;    // bulk RS || NT's push queue counter (tp/bulk_rs_sched.h; tn_rs leaves it 0)
   // done[p] = last epoch in which peer p finished reading our staging buffer.
   uint64_t done[kMaxRanks];
-  // ready[p] = last epoch in which peer p's staging took our pushes (RsShape::push).
+  // ready[p] = last epoch in which peer p's staging took our pushes (Push, PushFold).
   uint64_t ready[kMaxRanks];
   // step_claimed[b] = epoch in which every tile of step b (band b of every chunk)
   // was claimed here. Peers read it before waiting on our bands, so a cross-rank

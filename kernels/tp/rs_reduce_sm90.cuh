@@ -37,7 +37,7 @@ struct RsSm90Reduce {
       const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
       // Rank src's partial of this tile (pull: in src's staging; push: pushed into ours).
       auto partial = [&](int src) {
-        const RsStaged h = rs_staged(Tr::kPush, src, a.rank);
+        const RsStaged h = rs_staged<Tr>(src, a.rank);
         return ops.tile(h.home, rs_stage_slot(sh, sl.band, h.pos, k));
       };
       for (int base = threadIdx.x; base < groups; base += step) {

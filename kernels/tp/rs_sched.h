@@ -12,7 +12,7 @@
 // Reduce queue (per rank): band b of our own chunk in slices, band-major. A
 // reducer pulls the slice from every rank once it has landed, sums ranks 0..tp-1
 // in that fixed order in fp32 and rounds once.
-// Push transport (RsShape::push; only the Hopper kernels compile it): builders
+// Push transport (Tr = Push; only the Hopper kernels compile it): builders
 // write each partial tile of chunk c straight into rank c's staging and publish
 // the band there, so reducers read every rank's partial of their chunk from
 // local memory and the NVLink traffic rides in the builders' asynchronous
@@ -20,7 +20,7 @@
 // peer's staging takes pushes of an epoch once the peer announced it free
 // (ready[]): rs_cta.
 //
-// Fold (RsShape::fold, push only, Hopper builders): nobody reduces. Step s of the
+// Fold (Tr = PushFold, Hopper builders): nobody reduces. Step s of the
 // queue is the peers' band s (tp - 1 chunks, rotated as above), then our own
 // band s - lag; an own tile waits until every peer has published that band
 // here, adds the peers' pushed partials to its own in rank order and rounds
@@ -54,6 +54,9 @@
 // posts a tile to its publisher thread before the next tile's wait (its
 // retire), and the publisher waits on nothing else, so no publish waits on
 // anything.
+// The transport Tr (kosmos/pull.h Pull, kosmos/push.h Push, PushFold) is a
+// template parameter of the queues, of where a partial is staged and of rs_cta:
+// a kernel compiles one transport's schedule.
 #pragma once
 #include <cstdint>
 
@@ -68,8 +71,6 @@ struct RsShape {
   int NT;     // tile columns of the output
   int R;      // tile rows per band
   int slice;  // tiles per reduce item (R * NT or more: a reducer owns a whole band)
-  int push = 0;  // 1: push transport; 0: pull
-  int fold = 0;  // 1 (with push): own chunk folded into the builders' epilogues, no reducers
   int lag = 0;   // fold: steps by which our own band trails the peers' (>= 0)
 };
 
@@ -95,7 +96,8 @@ KOSMOS_HD inline int rs_step_end(const RsShape& s, int b) {
 KOSMOS_HD inline int rs_chunk_at(const RsShape& s, int i) { return (s.rank + 1 + i) % s.tp; }
 
 // Fold: whether tile rows of chunk c are summed in their builder's epilogue.
-KOSMOS_HD inline bool rs_folds(const RsShape& s, int c) { return s.fold && c == s.rank; }
+template <class Tr>
+KOSMOS_HD inline bool rs_folds(const RsShape& s, int c) { return Tr::kFold && c == s.rank; }
 
 // Tiles in bands [0, n) of one chunk (n clamped to [0, bands]).
 KOSMOS_HD inline int rs_tiles_in_bands(const RsShape& s, int n) {
@@ -125,8 +127,9 @@ KOSMOS_HD inline RsTile rs_fold_item(const RsShape& s, int j) {
   return {lo - s.lag, s.rank, q};
 }
 
+template <class Tr>
 KOSMOS_HD inline RsTile rs_build_item(const RsShape& s, int j) {
-  if (s.fold) return rs_fold_item(s, j);
+  if constexpr (Tr::kFold) return rs_fold_item(s, j);
   const int full = s.R * s.NT * s.tp;
   const int b = j / full;  // only the last step may be short, so this is exact
   const int q = j - rs_step_begin(s, b), bt = rs_band_tiles(s, b);
@@ -154,22 +157,21 @@ KOSMOS_HD inline int rs_stage_slot(const RsShape& s, int b, int c, int k) {
   return rs_step_begin(s, b) + c * rs_band_tiles(s, b) + k;
 }
 
-// Where rank `writer`'s partial tiles of chunk c are staged: at rank `home`, in
-// the chunk position `pos` of rs_stage_slot and rs_flag_index. Pull: at the
-// writer, position c (peers find band (b, c) there). Push: at c, position writer
-// (the owner holds one partial of its chunk per rank).
+// Where rank `writer`'s partial tiles of chunk c are staged: at rank `home`
+// (Tr::home), in the chunk position `pos` of rs_stage_slot and rs_flag_index.
+// Pull: at the writer, position c (peers find band (b, c) there). Push: at c,
+// position writer (the owner holds one partial of its chunk per rank).
 struct RsStaged {
   int home, pos;
 };
-// (push as a parameter: the Hopper kernels pass their compile-time kPush.)
-KOSMOS_HD inline RsStaged rs_staged(bool push, int writer, int c) {
-  return push ? RsStaged{c, writer} : RsStaged{writer, c};
+template <class Tr>
+KOSMOS_HD inline RsStaged rs_staged(int writer, int c) {
+  return {Tr::home(writer, c), Tr::kPush ? writer : c};
 }
-KOSMOS_HD inline RsStaged rs_staged(const RsShape& s, int writer, int c) { return rs_staged(s.push != 0, writer, c); }
 
 KOSMOS_HD inline int rs_slices(const RsShape& s, int b) { return (rs_band_tiles(s, b) + s.slice - 1) / s.slice; }
+// Reduce items of a pull or push epoch (the fold has no reduce queue: rs_cta).
 KOSMOS_HD inline int rs_n_reduce(const RsShape& s) {
-  if (s.fold) return 0;
   const int B = rs_bands(s);
   return (B - 1) * rs_slices(s, 0) + rs_slices(s, B - 1);
 }
@@ -214,25 +216,28 @@ KOSMOS_HD void rs_reduce_fixed(int tp, uint32_t n, uint32_t first, uint32_t step
 // every peer); a builder waits on a peer's announcement before its first tile of
 // that peer's chunk. A builder exists on every rank and announces before it
 // waits on anything of this epoch, so those waits are on work that happens.
-template <class Ops>
+template <class Tr, class Ops>
 KOSMOS_HD void rs_cta(Ops& ops, const RsShape& s, int cta, int grid, int reducers, bool switching = true) {
   if (rs_initial_role(cta, grid, reducers) == Role::kBuilder) {
-    if (s.push && s.tp > 1) ops.announce_ready();
+    if constexpr (Tr::kPush)
+      if (s.tp > 1) ops.announce_ready();
     ops.build_all();
     if (!switching) {
       ops.finish(grid);
       return;
     }
   }
-  const int n_reduce = rs_n_reduce(s);
-  for (int q = ops.claim_reduce(); q < n_reduce; q = ops.claim_reduce()) {
-    const RsSlice sl = rs_reduce_item(s, q);
-    ops.wait_build_claimed(rs_step_end(s, sl.band) - 1);
-    for (int src = 0; src < s.tp; ++src) {
-      if (src != s.rank) ops.wait_step_claimed(src, sl.band);
-      ops.wait_band(src, sl.band);
+  if constexpr (!Tr::kFold) {  // the fold has no reduce queue: its kernel compiles no reducer
+    const int n_reduce = rs_n_reduce(s);
+    for (int q = ops.claim_reduce(); q < n_reduce; q = ops.claim_reduce()) {
+      const RsSlice sl = rs_reduce_item(s, q);
+      ops.wait_build_claimed(rs_step_end(s, sl.band) - 1);
+      for (int src = 0; src < s.tp; ++src) {
+        if (src != s.rank) ops.wait_step_claimed(src, sl.band);
+        ops.wait_band(src, sl.band);
+      }
+      ops.reduce(sl);
     }
-    ops.reduce(sl);
   }
   ops.finish(grid);
 }

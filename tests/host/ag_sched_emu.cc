@@ -10,7 +10,8 @@
 // Checks: every move and build item runs exactly once per epoch; builds see the
 // data of this epoch (no stale or overwritten buffer: a push that landed before
 // the receiver's previous epoch was done shows as one); nothing hangs (bounded
-// waits abort). Both transports (pull, push), and epochs alternating between them.
+// waits abort). Both transports (the Pull and Push types, each epoch's
+// ag_cta instantiated for its own), and epochs alternating between them.
 // Usage: ag_sched_emu  (runs the built-in grid; exit 0 = all passed)
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "kosmos/pull.h"
+#include "kosmos/push.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "tp/ag_sched.h"
@@ -50,7 +53,7 @@ struct Case {
   int group = 1;               // AgShape::group: build-order swizzle
   bool hopper = false;         // Hopper builders: ag_tn's own tiles under pull wait for the publish
   bool switching = true;       // false: movers stop when their queue is empty (fixed split)
-  int push = 0;                // AgShape::push (Hopper builders only); 2: alternate, pull on odd epochs
+  int push = 0;                // 1: Push (Hopper builders only), 0: Pull; 2: alternate, pull on odd epochs
   // The backward ops on the same movers (pull): ag_nn returns the gathered
   // rows and its own tiles read dY itself (AgOp::kNn, kOwnFromX); bulk_ag_nn's
   // pulls land in the output only and its tiles wait for nothing (AgOp::kBulk,
@@ -68,6 +71,8 @@ int crew(const Case& c) {
   return mv;
 }
 
+// Tr: the epoch's transport, ag_cta's.
+template <class Tr>
 struct HostOps {
   const Case& c;
   std::vector<std::unique_ptr<Rank>>& ranks;
@@ -86,7 +91,7 @@ struct HostOps {
   int claim_build() { jitter(); return (int)WorkQueue{&me().build_next, 0}.claim(); }
   // Where the builders read their own shard's rows: the gather slot, after
   // the publish (the Hopper ag_tn under pull), or x itself.
-  bool own_from_slot() const { return c.hopper && c.tp > 1 && !s.push && c.op == Case::kTn; }
+  bool own_from_slot() const { return c.hopper && c.tp > 1 && !Tr::kPush && c.op == Case::kTn; }
   // Reuse rule, the least the protocol needs: our region is overwritten (by us
   // or by pushes) once every peer that read it in epoch e-1 is done, and only a
   // pull epoch has remote readers. (The kernel's heap_use_guard waits in either
@@ -99,7 +104,7 @@ struct HostOps {
       if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done", p));
   }
   void announce_ready() {
-    EMU_CHECK(s.push && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
+    EMU_CHECK(Tr::kPush && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
     guard_data();
     jitter();
     for (int p = 0; p < c.tp; ++p)
@@ -170,34 +175,41 @@ struct HostOps {
   }
 };
 
+// One launch of rank `rank` over transport Tr: W CTAs, then the exactly-once checks.
+template <class Tr>
+void run_epoch(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank, unsigned seed, bool prev_pull) {
+  const AgShape s{c.tp, rank, c.T, c.NT, c.group};
+  Rank& r = *ranks[rank];
+  const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
+  std::fill(r.moved.begin(), r.moved.end(), 0u);
+  std::fill(r.built.begin(), r.built.end(), 0u);
+  std::vector<std::thread> ctas;
+  for (int cta = 0; cta < c.W; ++cta)
+    ctas.emplace_back([&, cta] {
+      HostOps<Tr> ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s, prev_pull};
+      ag_cta<Tr>(ops, s, cta, c.W, crew(c), c.switching);
+    });
+  for (auto& t : ctas) t.join();
+  for (int i = 0; i < ag_n_move<Tr>(s); ++i)
+    EMU_CHECK(r.moved[i] == 1, "tp=%d W=%d rank %d epoch %llu: move %d ran %u times", c.tp, c.W, rank,
+              (unsigned long long)e, i, r.moved[i]);
+  for (int j = 0; j < ag_n_build(s); ++j) {
+    const AgBuild b = ag_build_item(s, j);
+    const uint32_t n = r.built[(b.src * c.T + b.t) * c.NT + b.tn];
+    EMU_CHECK(n == 1, "tp=%d W=%d rank %d: tile (src %d, t %d, tn %d) built %u times", c.tp, c.W, rank,
+              b.src, b.t, b.tn, n);
+  }
+  for (int q = 0; c.op != Case::kTn && c.tp > 1 && q < c.tp * c.T; ++q)  // the gathered output, complete
+    EMU_CHECK(r.out[q] == tag(e, q / c.T, q % c.T), "tp=%d W=%d rank %d epoch %llu: gathered row (src %d, t %d) "
+              "stale or missing", c.tp, c.W, rank, (unsigned long long)e, q / c.T, q % c.T);
+}
+
 void run_rank(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int rank, unsigned seed) {
-  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
+  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push != 0; };
   for (int it = 0; it < c.epochs; ++it) {
-    const AgShape s{c.tp, rank, c.T, c.NT, c.group, push_at(it)};
     const bool prev_pull = it > 0 && !push_at(it - 1);
-    Rank& r = *ranks[rank];
-    const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
-    std::fill(r.moved.begin(), r.moved.end(), 0u);
-    std::fill(r.built.begin(), r.built.end(), 0u);
-    std::vector<std::thread> ctas;
-    for (int cta = 0; cta < c.W; ++cta)
-      ctas.emplace_back([&, cta] {
-        HostOps ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s, prev_pull};
-        ag_cta(ops, s, cta, c.W, crew(c), c.switching);
-      });
-    for (auto& t : ctas) t.join();
-    for (int i = 0; i < ag_n_move(s); ++i)
-      EMU_CHECK(r.moved[i] == 1, "tp=%d W=%d rank %d epoch %llu: move %d ran %u times", c.tp, c.W, rank,
-                (unsigned long long)e, i, r.moved[i]);
-    for (int j = 0; j < ag_n_build(s); ++j) {
-      const AgBuild b = ag_build_item(s, j);
-      const uint32_t n = r.built[(b.src * c.T + b.t) * c.NT + b.tn];
-      EMU_CHECK(n == 1, "tp=%d W=%d rank %d: tile (src %d, t %d, tn %d) built %u times", c.tp, c.W, rank,
-                b.src, b.t, b.tn, n);
-    }
-    for (int q = 0; c.op != Case::kTn && c.tp > 1 && q < c.tp * c.T; ++q)  // the gathered output, complete
-      EMU_CHECK(r.out[q] == tag(e, q / c.T, q % c.T), "tp=%d W=%d rank %d epoch %llu: gathered row (src %d, t %d) "
-                "stale or missing", c.tp, c.W, rank, (unsigned long long)e, q / c.T, q % c.T);
+    if (push_at(it)) run_epoch<Push>(c, ranks, rank, seed, prev_pull);
+    else run_epoch<Pull>(c, ranks, rank, seed, prev_pull);
   }
 }
 

@@ -13,9 +13,10 @@
 // on claimed work; reducers never build; staging is never read stale or
 // overwritten while a peer reads it (tag checked before and after each read);
 // nothing hangs (bounded waits trap), down to one CTA per rank.
-// Both transports (pull; push, where builders write into the chunk owner's
-// staging), epochs alternating between them, and push bitwise equal to pull;
-// fold (push, own chunk summed in its builders' epilogues, no reducers) too.
+// Every transport type, each epoch's rs_cta instantiated for its own: Pull;
+// Push, where builders write into the chunk owner's staging; PushFold (own
+// chunk summed in its builders' epilogues, no reducers); epochs alternating
+// between push and pull, and push bitwise equal to pull.
 // Usage: rs_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "kosmos/pull.h"
+#include "kosmos/push.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "tp/rs_layout.h"
@@ -74,8 +77,8 @@ struct Case {
   int tp, W, reducers, T, NT, R, slice, epochs, max_delay_us;  // W: the grid, one thread per CTA
   bool hopper = false;          // the Hopper engine's timing (claim ahead, count late); else the portable one's
   bool switching = true;        // false: builders stop when the GEMM queue is empty (fixed split)
-  int push = 0;                 // RsShape::push (Hopper builders only); 2: alternate, pull on odd epochs
-  bool fold = false;            // push epochs fold (RsShape::fold; reducers must be 0)
+  int push = 0;                 // 1: Push (Hopper builders only), 0: Pull; 2: alternate, pull on odd epochs
+  bool fold = false;            // push epochs fold (PushFold; reducers must be 0)
   int lag = 0;                  // fold: RsShape::lag
 };
 
@@ -93,6 +96,8 @@ struct Rank {
 };
 using Ranks = std::vector<std::unique_ptr<Rank>>;
 
+// Tr: the epoch's transport, rs_cta's.
+template <class Tr>
 struct HostOps {
   const Case& c;
   Ranks& ranks;
@@ -119,8 +124,8 @@ struct HostOps {
   int claim_build() {
     jitter();
     const int j = (int)build_q().claim();
-    if (j < rs_n_build(s) && !s.fold && j + 1 == rs_step_end(s, rs_build_item(s, j).band))
-      store_release<Scope::kSys>(&ctl(rank).step_claimed[rs_build_item(s, j).band], e);
+    if (j < rs_n_build(s) && !Tr::kFold && j + 1 == rs_step_end(s, rs_build_item<Tr>(s, j).band))
+      store_release<Scope::kSys>(&ctl(rank).step_claimed[rs_build_item<Tr>(s, j).band], e);
     return j;
   }
   // Reuse rule, the least the protocol needs: only a pull epoch has remote
@@ -131,7 +136,7 @@ struct HostOps {
     if (prev_pull) wait_ge<Scope::kSys>(&ctl(rank).done[p], e - 1, g_timeout_ns, site("done", p));
   }
   void announce_ready() {
-    EMU_CHECK(s.push && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
+    EMU_CHECK(Tr::kPush && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
     for (int p = 0; p < s.tp; ++p)
       if (p != rank) wait_peer_done(p);
     jitter();
@@ -149,10 +154,10 @@ struct HostOps {
     EMU_CHECK(!reducing, "rank %d cta %d builds after it reduced", rank, cta);
     const RsBandTile bt = rs_band_tile_colmajor(s, t.band, t.k);
     const int k = rs_band_index(s, bt.row, bt.col);
-    const RsStaged h = rs_staged(s, rank, t.chunk);
+    const RsStaged h = rs_staged<Tr>(rank, t.chunk);
     const int slot = rs_stage_slot(s, t.band, h.pos, k);
     __atomic_fetch_add(&me().built[rs_stage_slot(s, t.band, t.chunk, k)], 1u, __ATOMIC_RELAXED);
-    if (rs_folds(s, t.chunk)) return;  // summed in its epilogue (fold), never staged
+    if (rs_folds<Tr>(s, t.chunk)) return;  // summed in its epilogue (fold), never staged
     if (h.home != rank) wait_ge<Scope::kSys>(&ctl(rank).ready[h.home], e, g_timeout_ns, site("ready", h.home));
     Rank& home = *ranks[h.home];
     __atomic_store_n(&home.tag[slot], 0ull, __ATOMIC_RELAXED);
@@ -167,11 +172,11 @@ struct HostOps {
   // tile publishes it (at its home: ours under pull, the owner's under push).
   // Folded tiles are not staged: nothing to count.
   void tile_done(const RsTile& t) {
-    if (rs_folds(s, t.chunk)) return;
+    if (rs_folds<Tr>(s, t.chunk)) return;
     if (add_acq_rel_gpu_u32(&ctl(rank).band_count[rs_flag_index(t.band, t.chunk)], 1) + 1 !=
         (uint32_t)rs_band_tiles(s, t.band))
       return;
-    const RsStaged h = rs_staged(s, rank, t.chunk);
+    const RsStaged h = rs_staged<Tr>(rank, t.chunk);
     store_release<Scope::kSys>(&ctl(h.home).pub[rs_flag_index(t.band, h.pos)], e);
   }
   // The kernels' build_all: the staging guard once, then the engine over the
@@ -185,7 +190,7 @@ struct HostOps {
     const int n = rs_n_build(s);
     if (!c.hopper) {
       for (int j = claim_build(); j < n; j = claim_build()) {
-        const RsTile t = rs_build_item(s, j);
+        const RsTile t = rs_build_item<Tr>(s, j);
         build(t);
         tile_done(t);
       }
@@ -196,10 +201,10 @@ struct HostOps {
     for (int next = claim_build(); next < n;) {
       const int j = next;
       next = claim_build();
-      const RsTile t = rs_build_item(s, j);
+      const RsTile t = rs_build_item<Tr>(s, j);
       build(t);
       if (due) tile_done(done_due);
-      if (rs_folds(s, t.chunk)) fold(t);
+      if (rs_folds<Tr>(s, t.chunk)) fold(t);
       done_due = t;
       due = true;
     }
@@ -227,18 +232,18 @@ struct HostOps {
     const bool claimed = src == rank ? build_claimed(rs_step_end(s, b) - 1)
                                      : load_acquire<Scope::kSys>(&ctl(src).step_claimed[b]) >= e;
     EMU_CHECK(claimed, "rank %d cta %d waits on band %d of rank %d, not claimed there", rank, cta, b, src);
-    const RsStaged h = rs_staged(s, src, rank);
+    const RsStaged h = rs_staged<Tr>(src, rank);
     wait_ge<Scope::kSys>(&ctl(h.home).pub[rs_flag_index(b, h.pos)], e, g_timeout_ns, site("pub", b));
   }
   // Rank src's partial of tile k of band b of our chunk: its rank and slot.
   std::pair<Rank*, int> staged(int src, int b, int k) {
-    const RsStaged h = rs_staged(s, src, rank);
+    const RsStaged h = rs_staged<Tr>(src, rank);
     return {ranks[h.home].get(), rs_stage_slot(s, b, h.pos, k)};
   }
   bool tags_ok(int b, int k, const char* when) {
     bool ok = true;
     for (int src = 0; src < s.tp; ++src) {
-      if (s.fold && src == rank) continue;  // our own partial is never staged
+      if (Tr::kFold && src == rank) continue;  // our own partial is never staged
       const auto [home, slot] = staged(src, b, k);
       const uint64_t tg = __atomic_load_n(&home->tag[slot], __ATOMIC_RELAXED);
       EMU_CHECK(tg == stage_tag(e, src, slot), "rank %d epoch %llu: rank %d's partial (slot %d) %s read: tag %llx",
@@ -323,33 +328,43 @@ uint64_t check_epoch(const Case& c, const RsShape& s, Rank& r, uint64_t e, unsig
   return digest;
 }
 
-// One rank's launches, back to back. Each launch: W CTAs, one thread each,
-// started in a random order.
+// One launch of rank `rank` over transport Tr: W CTAs, one thread each,
+// started in a random order; returns the output's digest.
+template <class Tr>
+uint64_t run_epoch(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsigned data_seed, std::mt19937& rng,
+                   bool prev_pull) {
+  Rank& r = *ranks[rank];
+  const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, c.lag};
+  const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
+  std::fill(r.built.begin(), r.built.end(), 0u);
+  std::fill(r.reduced.begin(), r.reduced.end(), 0u);
+  std::fill(r.out.begin(), r.out.end(), (uint16_t)0xFFFF);  // poison: NaN
+  std::fill(r.sum32.begin(), r.sum32.end(), 0xFFFFFFFFu);
+  std::vector<int> order(c.W);
+  for (int i = 0; i < c.W; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::thread> ctas;
+  for (const int cta : order)
+    ctas.emplace_back([&, cta] {
+      const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + (unsigned)cta;
+      HostOps<Tr> ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s, prev_pull};
+      rs_cta<Tr>(ops, s, cta, c.W, c.reducers, c.switching);
+    });
+  for (auto& t : ctas) t.join();
+  return check_epoch(c, s, r, e, data_seed);
+}
+
+// One rank's launches, back to back, each epoch over its transport.
 void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsigned data_seed,
               std::vector<uint64_t>& digests) {
   std::mt19937 rng(jitter_seed * 2654435761u + (unsigned)rank);
-  Rank& r = *ranks[rank];
-  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push; };
+  auto push_at = [&](int it) { return c.push == 2 ? it % 2 == 0 : c.push != 0; };
   for (int it = 0; it < c.epochs; ++it) {
-    const RsShape s{c.tp, rank, c.T, c.NT, c.R, c.slice, push_at(it), push_at(it) && c.fold && c.tp > 1, c.lag};
     const bool prev_pull = it > 0 && !push_at(it - 1);
-    const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
-    std::fill(r.built.begin(), r.built.end(), 0u);
-    std::fill(r.reduced.begin(), r.reduced.end(), 0u);
-    std::fill(r.out.begin(), r.out.end(), (uint16_t)0xFFFF);  // poison: NaN
-    std::fill(r.sum32.begin(), r.sum32.end(), 0xFFFFFFFFu);
-    std::vector<int> order(c.W);
-    for (int i = 0; i < c.W; ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::thread> ctas;
-    for (const int cta : order)
-      ctas.emplace_back([&, cta] {
-        const unsigned cta_seed = jitter_seed * 7919u + (unsigned)e * 131u + (unsigned)cta;
-        HostOps ops{c, ranks, rank, cta, e, data_seed, std::mt19937(cta_seed * 31u + (unsigned)rank), s, prev_pull};
-        rs_cta(ops, s, cta, c.W, c.reducers, c.switching);
-      });
-    for (auto& t : ctas) t.join();
-    digests.push_back(check_epoch(c, s, r, e, data_seed));
+    auto run = [&](auto tr) {
+      return run_epoch<decltype(tr)>(c, ranks, rank, jitter_seed, data_seed, rng, prev_pull);
+    };
+    digests.push_back(!push_at(it) ? run(Pull{}) : c.fold && c.tp > 1 ? run(PushFold{}) : run(Push{}));
   }
 }
 

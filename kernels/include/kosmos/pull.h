@@ -6,6 +6,8 @@
 // landing flag at GPU scope: the copy and the release are this GPU's. A builder
 // that TMA-loads landed rows acquires that flag, then fences to the async proxy.
 // One NVLink crossing per row, paid by the consumer; the producer never waits.
+// The schedules (tp/ag_sched.h, tp/rs_sched.h) and the device ops take the
+// transport as a template parameter, so a kernel compiles one transport's code.
 #pragma once
 #include <cstdint>
 
@@ -17,6 +19,7 @@ namespace kosmos {
 
 struct Pull {
   static constexpr bool kPush = false;
+  static constexpr bool kFold = false;  // GEMM+RS's fold is a push (kosmos/push.h PushFold)
   static constexpr const char* kName = "pull";
   // Scope of the flag that says rows landed in this rank's memory: set by this
   // GPU's movers.
