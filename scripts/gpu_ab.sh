@@ -8,7 +8,8 @@
 #         a later call rebuilds incrementally)
 # hashes  scripts/kernel_hashes.py with each tree, then the keys whose output bytes differ
 # bench   benchmarks/loopback.py on RS_SHAPES / AG_SHAPES (8 thin and wide each by default;
-#         ARMS_RS, ARMS_AG), then benchmarks/gemm.py --layouts TN, trees alternating per
+#         ARMS_RS, ARMS_AG), then benchmarks/gemm.py --layouts GEMM_LAYOUTS (default TN; empty:
+#         skip, e.g. when the matmul kernels' code is unchanged), trees alternating per
 #         step; prints each arm's new / ref time per shape and the geomean
 # tests   pytest over TESTS (default tests/gpu; extra args go to pytest) on the new tree's
 #         build, for a call that follows the A/B on a warm machine without a third build
@@ -25,6 +26,7 @@ REF=$(cd "${REF:-.ref}" 2>/dev/null && pwd) || REF=""
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-540}
 RS_SHAPES=${RS_SHAPES-8B-OProj-MBS1,8B-Down-MBS1,70B-OProj-MBS1,70B-Down-MBS1,405B-OProj-MBS1,405B-Down-MBS1,8B-Down-MBS4,70B-OProj-MBS4}
+GEMM_LAYOUTS=${GEMM_LAYOUTS-TN}
 AG_SHAPES=${AG_SHAPES-8B-QKV-MBS1,8B-FC1-MBS1,70B-QKV-MBS1,70B-FC1-MBS1,405B-QKV-MBS1,405B-FC1-MBS1,8B-FC1-MBS4,70B-QKV-MBS4}
 
 # The CuTe headers come from the nvidia-cutlass wheel carried in .whl/ when not installed.
@@ -86,10 +88,10 @@ do_bench() {
   local per=$(( (BUDGET_S - SECONDS) / 6 ))
   [ -n "$RS_SHAPES" ] && for t in ref new; do loopback $t tn_rs "$RS_SHAPES" "${ARMS_RS:-pull,push,push_fold}" $(( per * 3 / 2 )); done
   [ -n "$AG_SHAPES" ] && for t in ref new; do loopback $t ag_tn "$AG_SHAPES" "${ARMS_AG:-pull,push}" $per; done
-  for t in ref new; do
-    in_tree $t timeout $(( per + 40 )) $PY benchmarks/gemm.py --layouts TN --caps "" --protocol interleaved \
-      --reps 5 > "$OUT/gemm_$t.log" 2>&1
-    echo "gemm TN ($t) rc=$? at ${SECONDS}s"
+  [ -n "$GEMM_LAYOUTS" ] && for t in ref new; do
+    in_tree $t timeout $(( per + 40 )) $PY benchmarks/gemm.py --layouts "$GEMM_LAYOUTS" --caps "" \
+      --protocol interleaved --reps 5 > "$OUT/gemm_$t.log" 2>&1
+    echo "gemm $GEMM_LAYOUTS ($t) rc=$? at ${SECONDS}s"
     cp "$([ $t = ref ] && echo "$REF" || echo "$ROOT")/benchmarks/out/gemm.csv" "$OUT/ab_$t/gemm.csv" 2>/dev/null
   done
   $PY - "$OUT/ab_ref" "$OUT/ab_new" <<'EOF'
@@ -115,7 +117,7 @@ for arm in ("kosmos", "xla_cublas"):
   v = [float(a["median_ms"]) / float(b["median_ms"]) for k in gn if k in gr
        for a in gn[k] for b in gr[k] if a["arm"] == b["arm"] == arm]
   if v:
-    print(f"gemm TN {arm}: new/ref time geomean {gm(v):.4f} over {len(v)} shapes, range {min(v):.3f}-{max(v):.3f}")
+    print(f"gemm {arm}: new/ref time geomean {gm(v):.4f} over {len(v)} shapes, range {min(v):.3f}-{max(v):.3f}")
 EOF
 }
 
