@@ -1,0 +1,466 @@
+// The MoE forward megakernel's schedule (paper §3.3.1, Figure 6), plain
+// host/device code: the GPU kernel and the CPU emulation
+// (tests/host/moe_fwd_sched_emu.cc) run moe_fwd_cta over different `Ops`.
+// One rank of an EP group of `ep` ranks owns E_l = e_local experts (expert e
+// lives on rank e / E_l as local expert e % E_l); every rank has t tokens in
+// nb token blocks of B (plan.h's blocks). Queues, in the order CTAs take them:
+//
+//  front    route block b (b < nb): route its tokens, plan_histogram its row;
+//           the last block routed runs plan_scan and sends this rank's counts[E]
+//           to every rank: the count exchange, the forward's one cross-rank
+//           barrier. Then scatter block b (plan_scatter, after the scan), then
+//           one layout item: wait for every rank's counts, build MoeLayout.
+//  move     dispatch parts (x, g, d): this rank's rows for expert d*E_l + x from
+//           token group g (G groups of whole plan blocks) pushed into their final
+//           row of d's receive arena. Expert-major (the order GEMM1 consumes),
+//           group, then destination-minor, rotated from rank + 1 and ending with
+//           our own, so consecutive parts go down different links. The last of a
+//           (source, expert)'s G parts releases arrived[source, x] at d.
+//           EP = 1 (and our own share at EP > 1): the part is one local gather
+//           into the arena. Why a copy rather than builders gathering A rows:
+//           every GEMM1 row block is read by nt1 tiles, so one copy costs less
+//           than nt1 gathers, the Hopper engine reads A with TMA, which needs
+//           the rows contiguous, and the grouped rows are the backward's X.
+//  build    GEMM1 tiles (row block, column block of 2I as SwiGLU pairs: each
+//           tile holds the gate and up columns of the same I columns), then GEMM2
+//           tiles (row block, column block of H); row blocks are expert-major.
+//           A GEMM1 tile waits only on the sources whose rows its row block
+//           holds; a GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
+//  combine  units (x, s): expert x's rows from source s, pushed back into s's
+//           return buffer once their row blocks' GEMM2 tiles are done (expert-
+//           major, destination-minor as above). Our own units copy nothing: the
+//           fold reads those rows in the arena. Each releases returned[e] at s.
+//  fold     token block b, once every unit holding its rows has returned: each
+//           token's k rows weighted by fp32 router weights, summed in fp32 in
+//           slot order (moe_fold_token).
+//
+// Receive arena (rank d): expert-major, source-minor, rows packed by the
+// exchanged counts, each expert's segment padded to tile_m rows so that no row
+// block straddles experts; padding rows are computed and never read (a GEMM
+// output row depends on its own input row only). Return buffer (rank s): t*k
+// rows in s's packed send order (plan_segments<1>), so pair p's row is
+// start1[e] + pos[p] and a unit lands as one contiguous range.
+// Capacity: the arena is sized by C rows per (source, expert),
+// E_l * roundup(ep*C, tile_m) rows; the packed layout fits whenever no count
+// exceeds C (an expert then has at most ep*C rows). The layout item tests the
+// whole exchanged table (plan_overflow), so every rank sees the same answer; on
+// overflow the call runs dropless: the same queues over the same count-driven
+// layout, placed in the dropless arena of moe_arena_rows(s, true) rows, which
+// grows with tokens x k (a token picks an expert once, so a source sends a rank
+// at most t * min(k, E_l) rows), not experts x tokens. Never a silent drop.
+//
+// Memory model. Flags hold epochs (never reset: ready is flag >= epoch); a
+// producer writes, barriers its CTA, then one thread releases (.sys when the
+// reader is another GPU); consumers acquire. Every wait polls local memory: all
+// cross-rank traffic is pushed. Counters (MoeCount) are local u32s; the add
+// that completes one re-arms it to 0 and then releases the flag, as RS's band
+// counts publish a band; queue counters are re-armed by the last CTA (finish).
+// Before writing into rank d's memory (counts, arena, return buffer) a CTA waits
+// for ready[d] >= epoch, which d's CTA 0 stores at every rank first thing in a
+// launch: d's previous launch, every reader of those buffers, is over. Every
+// write into d of an epoch is awaited by d in that epoch (zero-row units write
+// nothing), so d never leaves an epoch with our writes still in flight.
+#pragma once
+
+#include "kosmos/platform.h"
+#include "kosmos/roles.h"
+#include "moe/plan.h"
+#include "moe/route.h"
+
+namespace kosmos::moe {
+
+constexpr int kEpMaxRanks = 8;  // an EP group: the GPUs of one host
+
+struct MoeFwdShape {
+  int ep, rank;
+  int tokens;        // t, on every rank
+  int top_k;         // k
+  int block_tokens;  // B: tokens per route, plan and fold block
+  int e_local;       // E_l: experts per rank
+  int tile_m;        // rows per GEMM row block; expert segments are padded to it
+  int nt1, nt2;      // column blocks of GEMM1 (SwiGLU pairs of 2I) and GEMM2 (of H)
+  int groups;        // G: dispatch parts per (source, expert), whole plan blocks each
+  int capacity;      // C: rows per (source, expert) of the capped arena
+};
+
+KOSMOS_HD inline int moe_cdiv(int a, int b) { return (a + b - 1) / b; }
+KOSMOS_HD inline int moe_experts(const MoeFwdShape& s) { return s.ep * s.e_local; }
+KOSMOS_HD inline PlanShape moe_plan_shape(const MoeFwdShape& s) {
+  return {s.tokens, s.top_k, s.block_tokens, moe_experts(s)};
+}
+KOSMOS_HD inline int moe_blocks(const MoeFwdShape& s) { return plan_blocks(moe_plan_shape(s)); }
+
+KOSMOS_HD inline bool moe_fwd_shape_ok(const MoeFwdShape& s) {
+  return s.ep >= 1 && s.ep <= kEpMaxRanks && s.rank >= 0 && s.rank < s.ep && s.e_local >= 1 &&
+         moe_experts(s) <= kMaxExperts && s.tokens >= 1 && s.top_k >= 1 && s.top_k <= moe_experts(s) &&
+         s.block_tokens >= 1 && s.tile_m >= 1 && s.nt1 >= 1 && s.nt2 >= 1 && s.groups >= 1 && s.capacity >= 0;
+}
+
+// Rows of one rank's receive arena in either mode (see the header).
+KOSMOS_HD inline int moe_arena_rows(const MoeFwdShape& s, bool dropless) {
+  if (!dropless) return s.e_local * moe_cdiv(s.ep * s.capacity, s.tile_m) * s.tile_m;
+  const int per_src = s.tokens * (s.top_k < s.e_local ? s.top_k : s.e_local);
+  return s.ep * per_src + s.e_local * (s.tile_m - 1);
+}
+// Row blocks (and GEMM1/GEMM2 row-block flags) a rank may need in either mode.
+KOSMOS_HD inline int moe_max_row_blocks(const MoeFwdShape& s) {
+  const int a = moe_arena_rows(s, false), b = moe_arena_rows(s, true);
+  return (a > b ? a : b) / s.tile_m;
+}
+
+// Built once per call by the layout item from the exchanged counts table
+// [ep][E] (row src: rank src's counts), read by every CTA after kLaidOut.
+struct MoeLayout {
+  int dropless;                // the capped arena overflowed somewhere: dropless arena
+  int rb[kMaxExperts + 1];     // [E_l + 1] first row block of local expert x; rb[E_l] = row blocks
+  int src[2 * kMaxExperts];    // [E_l][ep + 1] rows of sources < s within expert x's segment
+  int dst[kMaxExperts];        // [ep][E_l] arena row at rank d of our first row for d's expert x
+  int ret[kMaxExperts];        // [ep][E_l] return row at rank s of our unit (x, s)
+};
+
+KOSMOS_HD inline int moe_src(const MoeFwdShape& s, const MoeLayout& L, int x, int src) {
+  return L.src[x * (s.ep + 1) + src];
+}
+KOSMOS_HD inline int moe_row_blocks(const MoeFwdShape& s, const MoeLayout& L) { return L.rb[s.e_local]; }
+
+// Our own experts' segments: rows per source and the row-block prefix.
+KOSMOS_HD inline void moe_layout_own(const MoeFwdShape& s, const int* table, MoeLayout* L) {
+  const int E = moe_experts(s);
+  int run = 0;
+  for (int x = 0; x < s.e_local; ++x) {
+    int rows = 0;
+    for (int src = 0; src < s.ep; ++src) {
+      L->src[x * (s.ep + 1) + src] = rows;
+      rows += table[src * E + s.rank * s.e_local + x];
+    }
+    L->src[x * (s.ep + 1) + s.ep] = rows;
+    L->rb[x] = run;
+    run += moe_cdiv(rows, s.tile_m);
+  }
+  L->rb[s.e_local] = run;
+}
+
+// Where our rows land at every rank d (d's segments, rows of sources before us),
+// and where our units land at every rank s (s's packed start of the expert).
+KOSMOS_HD inline void moe_layout_peers(const MoeFwdShape& s, const int* table, MoeLayout* L) {
+  const int E = moe_experts(s);
+  for (int d = 0; d < s.ep; ++d) {
+    int run = 0;
+    for (int x = 0; x < s.e_local; ++x) {
+      int before = 0, rows = 0;
+      for (int src = 0; src < s.ep; ++src) {
+        if (src == s.rank) before = rows;
+        rows += table[src * E + d * s.e_local + x];
+      }
+      L->dst[d * s.e_local + x] = run * s.tile_m + before;
+      run += moe_cdiv(rows, s.tile_m);
+    }
+  }
+  for (int src = 0; src < s.ep; ++src) {
+    int run = 0;
+    for (int e = 0; e < E; ++e) {
+      if (e / s.e_local == s.rank) L->ret[src * s.e_local + e % s.e_local] = run;
+      run += table[src * E + e];
+    }
+  }
+}
+
+KOSMOS_HD inline void moe_build_layout(const MoeFwdShape& s, const int* table, MoeLayout* L) {
+  L->dropless = plan_overflow(table, s.ep * moe_experts(s), s.capacity);
+  moe_layout_own(s, table, L);
+  moe_layout_peers(s, table, L);
+}
+
+// ---- queue items ----------------------------------------------------------------
+enum class MoeQueue : int { kFront, kMove, kBuild, kCombine, kFold };
+enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2 };
+// Flags by index: kReady[rank], kCounts[rank], kScanned/kPlanned/kLaidOut[0],
+// kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x).
+enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned };
+
+KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
+KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
+KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) { return moe_row_blocks(s, L) * s.nt1; }
+KOSMOS_HD inline int moe_n_build(const MoeFwdShape& s, const MoeLayout& L) {
+  return moe_row_blocks(s, L) * (s.nt1 + s.nt2);
+}
+KOSMOS_HD inline int moe_n_units(const MoeFwdShape& s) { return s.e_local * s.ep; }
+// i-th rank of a destination-minor rotation: rank + 1 first, our own last.
+KOSMOS_HD inline int moe_rotated(const MoeFwdShape& s, int i) { return (s.rank + 1 + i) % s.ep; }
+
+struct MoeMove {
+  int x, g, dst;  // dst's local expert x, token group g
+};
+KOSMOS_HD inline MoeMove moe_move_item(const MoeFwdShape& s, int q) {
+  return {q / (s.groups * s.ep), q / s.ep % s.groups, moe_rotated(s, q % s.ep)};
+}
+
+struct MoeTile {
+  int gemm;    // 1 or 2
+  int rb, x;   // row block (arena rows [rb * tile_m, + tile_m)), its local expert
+  int n;       // column block
+};
+// The local expert whose segment holds row block rb: the last x with rb[x] <= rb
+// (empty experts share their successor's start).
+KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int rb) {
+  int lo = 0, hi = s.e_local;  // L.rb[lo] <= rb < L.rb[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (L.rb[mid] <= rb) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
+  const int n1 = moe_n_gemm1(s, L);
+  const int q = j < n1 ? j : j - n1, nt = j < n1 ? s.nt1 : s.nt2;
+  return {j < n1 ? 1 : 2, q / nt, moe_expert_of(s, L, q / nt), q % nt};
+}
+// Whether row block rb (of expert x) holds rows from source src.
+KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {
+  const int lo = (rb - L.rb[x]) * s.tile_m, a = moe_src(s, L, x, src), b = moe_src(s, L, x, src + 1);
+  return a < b && a < lo + s.tile_m && b > lo;
+}
+
+struct MoeUnit {
+  int x, dst;  // our local expert x's rows from (and back to) rank dst
+};
+KOSMOS_HD inline MoeUnit moe_unit_item(const MoeFwdShape& s, int u) { return {u / s.ep, moe_rotated(s, u % s.ep)}; }
+// Arena rows [*row, *row + rows) of unit c.
+KOSMOS_HD inline int moe_unit_rows(const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c, int* row) {
+  *row = L.rb[c.x] * s.tile_m + moe_src(s, L, c.x, c.dst);
+  return moe_src(s, L, c.x, c.dst + 1) - moe_src(s, L, c.x, c.dst);
+}
+
+// After the plan, ends[b][E] (plan_scan's starts, advanced by plan_scatter to
+// each block's end) holds the rows of each expert in blocks <= b.
+KOSMOS_HD inline int moe_rows_before(const MoeFwdShape& s, const int* ends, int blocks, int e) {
+  const int nb = moe_blocks(s), n = blocks < nb ? blocks : nb;
+  return n == 0 ? 0 : ends[(n - 1) * moe_experts(s) + e];
+}
+// Dispatch part m: our rows [*begin, *end) of expert dst * E_l + x (plan order).
+KOSMOS_HD inline void moe_part_rows(const MoeFwdShape& s, const int* ends, const MoeMove& m, int* begin, int* end) {
+  const int per = moe_cdiv(moe_blocks(s), s.groups), e = m.dst * s.e_local + m.x;
+  *begin = moe_rows_before(s, ends, m.g * per, e);
+  *end = moe_rows_before(s, ends, (m.g + 1) * per, e);
+}
+
+// Where the fold finds pair (expert e, pos) of this rank: the return buffer
+// (local = 0) or, for our own experts, the GEMM2 output in the arena (local = 1).
+struct MoeRowRef {
+  int local, row;
+};
+KOSMOS_HD inline MoeRowRef moe_pair_row(const MoeFwdShape& s, const MoeLayout& L, const int* start1, int e,
+                                        int pos) {
+  if (e / s.e_local != s.rank) return {0, start1[e] + pos};
+  const int x = e % s.e_local;
+  return {1, L.rb[x] * s.tile_m + moe_src(s, L, x, s.rank) + pos};
+}
+
+// One token's fold over elements [first, n) by step: sum of w[j] * row(j, i)
+// over slots j = 0..k-1 in that order, in fp32, starting from slot 0's term
+// (not 0.0f, which would turn -0.0 into +0.0): bitwise the same whoever folds.
+template <class Row, class Out>
+KOSMOS_HD void moe_fold_token(int k, const float* w, int n, int first, int step, const Row& row, const Out& out) {
+  for (int i = first; i < n; i += step) {
+    float acc = w[0] * row(0, i);
+    for (int j = 1; j < k; ++j) acc += w[j] * row(j, i);
+    out(i, acc);
+  }
+}
+
+// ---- role policy ------------------------------------------------------------------
+// Every CTA runs the front and, at its end, the combine queue and the fold.
+// Movers (the first `movers` CTAs, at least one: only movers dispatch) drain the
+// move queue, then switch two ways: push a ready unit, else build a tile.
+// Builders build until the GEMM queue is empty, then push units (one way).
+KOSMOS_HD inline Role moe_initial_role(int cta, int grid, int movers) {
+  const int m = movers < 1 ? 1 : movers > grid ? grid : movers;
+  return cta < m ? Role::kMover : Role::kBuilder;
+}
+KOSMOS_HD inline int moe_default_movers(int grid) { return grid / 8 < 1 ? 1 : grid / 8; }
+
+enum class MoeStep : int { kPush, kBuild, kWait };
+// A two-way mover holding unit u: push it if ready, else build while tiles are
+// left, else wait for it (every tile it needs is claimed by then).
+KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
+  return unit_ready ? MoeStep::kPush : tiles_left ? MoeStep::kBuild : MoeStep::kWait;
+}
+
+// ---- one CTA's life -------------------------------------------------------------
+// `Ops` supplies CTA-uniform primitives: claim(queue); count(counter, i, target)
+// (add one; true for the add that completes it, which re-arms it); release(flag,
+// home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
+// i) on our own flags; ends() (plan ends [nb][E], after kPlanned); layout(); and
+// the work: route, scan, send_counts, scatter, build_layout, push_part, gemm1,
+// gemm2, push_unit, fold, finish.
+
+// The last route block: scan, then the count exchange (our own row last).
+template <class Ops>
+KOSMOS_HD void moe_scan_and_send(Ops& ops, const MoeFwdShape& s) {
+  ops.scan();
+  ops.release(MoeFlag::kScanned, s.rank, 0);
+  for (int i = 0; i < s.ep; ++i) {
+    const int d = moe_rotated(s, i);
+    ops.wait(MoeFlag::kReady, d);
+    ops.send_counts(d);
+    ops.release(MoeFlag::kCounts, d, s.rank);
+  }
+}
+
+template <class Ops>
+KOSMOS_HD void moe_front(Ops& ops, const MoeFwdShape& s) {
+  const int nb = moe_blocks(s), n = moe_n_front(s);
+  for (int i = ops.claim(MoeQueue::kFront); i < n; i = ops.claim(MoeQueue::kFront)) {
+    if (i < nb) {
+      ops.route(i);
+      if (ops.count(MoeCount::kRouted, 0, nb)) moe_scan_and_send(ops, s);
+    } else if (i < 2 * nb) {
+      ops.wait(MoeFlag::kScanned, 0);
+      ops.scatter(i - nb);
+      if (ops.count(MoeCount::kScattered, 0, nb)) ops.release(MoeFlag::kPlanned, s.rank, 0);
+    } else {
+      for (int r = 0; r < s.ep; ++r) ops.wait(MoeFlag::kCounts, r);
+      ops.build_layout();
+      ops.release(MoeFlag::kLaidOut, s.rank, 0);
+    }
+  }
+  ops.wait(MoeFlag::kPlanned, 0);
+  ops.wait(MoeFlag::kLaidOut, 0);
+}
+
+template <class Ops>
+KOSMOS_HD void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
+  const int n = moe_n_move(s);
+  for (int q = ops.claim(MoeQueue::kMove); q < n; q = ops.claim(MoeQueue::kMove)) {
+    const MoeMove m = moe_move_item(s, q);
+    ops.wait(MoeFlag::kReady, m.dst);
+    ops.push_part(m);
+    if (ops.count(MoeCount::kParts, m.dst * s.e_local + m.x, s.groups))
+      ops.release(MoeFlag::kArrived, m.dst, s.rank * s.e_local + m.x);
+  }
+}
+
+template <class Ops>
+KOSMOS_HD void moe_build(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, int j) {
+  const MoeTile t = moe_build_item(s, L, j);
+  if (t.gemm == 1) {
+    for (int src = 0; src < s.ep; ++src)
+      if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
+    ops.gemm1(t);
+    if (ops.count(MoeCount::kGemm1, t.rb, s.nt1)) ops.release(MoeFlag::kGemm1, s.rank, t.rb);
+  } else {
+    ops.wait(MoeFlag::kGemm1, t.rb);
+    ops.gemm2(t);
+    if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
+  }
+}
+
+// Builds until the GEMM queue is empty.
+template <class Ops>
+KOSMOS_HD void moe_build_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n = moe_n_build(s, L);
+  for (int j = ops.claim(MoeQueue::kBuild); j < n; j = ops.claim(MoeQueue::kBuild)) moe_build(ops, s, L, j);
+}
+
+template <class Ops>
+KOSMOS_HD bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+  int row;
+  const int rows = moe_unit_rows(s, L, c, &row);
+  for (int rb = row / s.tile_m; rows > 0 && rb <= (row + rows - 1) / s.tile_m; ++rb)
+    if (!ops.test(MoeFlag::kGemm2, rb)) return false;
+  return c.dst == s.rank || ops.test(MoeFlag::kReady, c.dst);
+}
+
+// Pushes unit c once its row blocks are done (waits return at once after a
+// successful moe_unit_ready). A unit without rows writes and releases nothing.
+template <class Ops>
+KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+  int row;
+  const int rows = moe_unit_rows(s, L, c, &row);
+  if (rows == 0) return;
+  for (int rb = row / s.tile_m; rb <= (row + rows - 1) / s.tile_m; ++rb) ops.wait(MoeFlag::kGemm2, rb);
+  if (c.dst != s.rank) {
+    ops.wait(MoeFlag::kReady, c.dst);
+    ops.push_unit(c);
+  }
+  ops.release(MoeFlag::kReturned, c.dst, s.rank * s.e_local + c.x);
+}
+
+// A mover after dispatch: two-way, holding one claimed unit at a time; then
+// whatever tiles are left.
+template <class Ops>
+KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n_units = moe_n_units(s), n_build = moe_n_build(s, L);
+  bool tiles = true;
+  for (int u = ops.claim(MoeQueue::kCombine); u < n_units;) {
+    const MoeUnit c = moe_unit_item(s, u);
+    if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) == MoeStep::kBuild) {
+      const int j = ops.claim(MoeQueue::kBuild);
+      if (j < n_build) moe_build(ops, s, L, j); else tiles = false;
+      continue;
+    }
+    moe_push_unit(ops, s, L, c);
+    u = ops.claim(MoeQueue::kCombine);
+  }
+  if (tiles) moe_build_rest(ops, s, L);
+}
+
+template <class Ops>
+KOSMOS_HD void moe_combine_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n = moe_n_units(s);
+  for (int u = ops.claim(MoeQueue::kCombine); u < n; u = ops.claim(MoeQueue::kCombine))
+    moe_push_unit(ops, s, L, moe_unit_item(s, u));
+}
+
+template <class Ops>
+KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
+  const int nb = moe_blocks(s), E = moe_experts(s);
+  const int* ends = ops.ends();
+  for (int b = ops.claim(MoeQueue::kFold); b < nb; b = ops.claim(MoeQueue::kFold)) {
+    for (int e = 0; e < E; ++e)
+      if (moe_rows_before(s, ends, b + 1, e) > moe_rows_before(s, ends, b, e)) ops.wait(MoeFlag::kReturned, e);
+    ops.fold(b);
+  }
+}
+
+// One CTA's life. Preconditions (the launcher): every CTA of the grid is
+// resident; all ranks run the same shape (rank aside) and the same epoch.
+//
+// Deadlock freedom. Each wait, and why the work it waits on is claimed by a
+// running CTA that finishes it without waiting on the waiter:
+//  kReady[d]: stored by d's CTA 0 before it waits on anything.
+//  front: route blocks wait on nothing, so on every rank the last one finishes
+//    and scans (then waits only on kReady); scatters wait on that scan, claimed
+//    earlier in the front queue; the layout item on every rank's scanner.
+//    kPlanned / kLaidOut after the front queue is empty: every front item is
+//    claimed by then.
+//  kArrived: dispatch parts wait only on kReady and front work, and every rank
+//    has a mover that drains its move queue, so every part is pushed.
+//  kGemm1: GEMM1 tiles precede every GEMM2 tile in the build queue, so they are
+//    claimed, and they wait only on kArrived.
+//  kGemm2 (a unit): a two-way mover builds instead of waiting while tiles are
+//    left, and a builder pushes only once the build queue is empty: either way
+//    every tile the unit needs is claimed, and tiles never wait on units.
+//  kReturned (the fold): every CTA of every rank drains its combine queue
+//    before folding, and units wait only on tiles and kReady.
+// The waits form a DAG over (ready, front, dispatch, GEMM1, GEMM2, combine,
+// fold), so every wait ends, down to one CTA per rank: it routes, plans and
+// sends its counts (waiting only on the peers' CTA 0 announcements), dispatches
+// every part, then alternates units and tiles, and folds last.
+template <class Ops>
+KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers) {
+  if (cta == 0) ops.announce_ready();
+  moe_front(ops, s);
+  const MoeLayout& L = ops.layout();
+  if (moe_initial_role(cta, grid, movers) == Role::kMover) {
+    moe_dispatch(ops, s);
+    moe_two_way(ops, s, L);
+  } else {
+    moe_build_rest(ops, s, L);
+  }
+  moe_combine_rest(ops, s, L);
+  moe_fold_all(ops, s);
+  ops.finish(grid);
+}
+
+}  // namespace kosmos::moe
