@@ -55,11 +55,13 @@
 // cross-rank traffic is pushed. Counters (MoeCount) are local u32s; the add
 // that completes one re-arms it to 0 and then releases the flag, as RS's band
 // counts publish a band; queue counters are re-armed by the last CTA (finish).
-// Before writing into rank d's memory (counts, arena, return buffer) a CTA waits
-// for ready[d] >= epoch, which d's CTA 0 stores at every rank first thing in a
-// launch: d's previous launch, every reader of those buffers, is over. Every
-// write into d of an epoch is awaited by d in that epoch (zero-row units write
-// nothing), so d never leaves an epoch with our writes still in flight.
+// Reuse across epochs: a rank sends its counts to d only once d has stored
+// ready[us] >= epoch, which d's CTA 0 does first thing in a launch (d's previous
+// launch, every reader of d's buffers, is over). Every later write into d
+// (arena rows, units) follows the count barrier, which d passes only in this
+// epoch, so it needs no wait of its own; and every write into d of an epoch is
+// awaited by d in that epoch (units without rows write nothing), so d never
+// leaves an epoch with our writes still in flight.
 #pragma once
 
 #include "kosmos/platform.h"
@@ -177,6 +179,13 @@ enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2 };
 // Flags by index: kReady[rank], kCounts[rank], kScanned/kPlanned/kLaidOut[0],
 // kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x).
 enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned };
+constexpr int kMoeFlags = 9;
+// The flag's name, for a timed-out wait's report (WaitSite::flag).
+KOSMOS_HD inline const char* moe_flag_name(MoeFlag f) {
+  const char* const names[kMoeFlags] = {"ready", "counts", "scanned", "planned", "laid_out",
+                                        "arrived", "gemm1", "gemm2", "returned"};
+  return names[(int)f];
+}
 
 KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
 KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
@@ -333,7 +342,6 @@ KOSMOS_HD void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
   const int n = moe_n_move(s);
   for (int q = ops.claim(MoeQueue::kMove); q < n; q = ops.claim(MoeQueue::kMove)) {
     const MoeMove m = moe_move_item(s, q);
-    ops.wait(MoeFlag::kReady, m.dst);
     ops.push_part(m);
     if (ops.count(MoeCount::kParts, m.dst * s.e_local + m.x, s.groups))
       ops.release(MoeFlag::kArrived, m.dst, s.rank * s.e_local + m.x);
@@ -368,7 +376,7 @@ KOSMOS_HD bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L
   const int rows = moe_unit_rows(s, L, c, &row);
   for (int rb = row / s.tile_m; rows > 0 && rb <= (row + rows - 1) / s.tile_m; ++rb)
     if (!ops.test(MoeFlag::kGemm2, rb)) return false;
-  return c.dst == s.rank || ops.test(MoeFlag::kReady, c.dst);
+  return true;
 }
 
 // Pushes unit c once its row blocks are done (waits return at once after a
@@ -379,10 +387,7 @@ KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L,
   const int rows = moe_unit_rows(s, L, c, &row);
   if (rows == 0) return;
   for (int rb = row / s.tile_m; rb <= (row + rows - 1) / s.tile_m; ++rb) ops.wait(MoeFlag::kGemm2, rb);
-  if (c.dst != s.rank) {
-    ops.wait(MoeFlag::kReady, c.dst);
-    ops.push_unit(c);
-  }
+  if (c.dst != s.rank) ops.push_unit(c);
   ops.release(MoeFlag::kReturned, c.dst, s.rank * s.e_local + c.x);
 }
 
@@ -430,11 +435,11 @@ KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 // running CTA that finishes it without waiting on the waiter:
 //  kReady[d]: stored by d's CTA 0 before it waits on anything.
 //  front: route blocks wait on nothing, so on every rank the last one finishes
-//    and scans (then waits only on kReady); scatters wait on that scan, claimed
+//    and scans (then waits only on kReady to send its counts); scatters wait on that scan, claimed
 //    earlier in the front queue; the layout item on every rank's scanner.
 //    kPlanned / kLaidOut after the front queue is empty: every front item is
 //    claimed by then.
-//  kArrived: dispatch parts wait only on kReady and front work, and every rank
+//  kArrived: dispatch parts wait on nothing (front work is done), and every rank
 //    has a mover that drains its move queue, so every part is pushed.
 //  kGemm1: GEMM1 tiles precede every GEMM2 tile in the build queue, so they are
 //    claimed, and they wait only on kArrived.
@@ -442,7 +447,7 @@ KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 //    left, and a builder pushes only once the build queue is empty: either way
 //    every tile the unit needs is claimed, and tiles never wait on units.
 //  kReturned (the fold): every CTA of every rank drains its combine queue
-//    before folding, and units wait only on tiles and kReady.
+//    before folding, and units wait only on tiles.
 // The waits form a DAG over (ready, front, dispatch, GEMM1, GEMM2, combine,
 // fold), so every wait ends, down to one CTA per rank: it routes, plans and
 // sends its counts (waiting only on the peers' CTA 0 announcements), dispatches

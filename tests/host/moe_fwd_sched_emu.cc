@@ -144,7 +144,7 @@ uint64_t row_tag(uint64_t e, int src, int i) { return (e << 40) | ((uint64_t)src
 int tag_src(uint64_t tag) { return (int)((tag >> 32) & 0xFF); }
 uint64_t tag_epoch(uint64_t tag) { return tag >> 40; }
 
-constexpr int kFlags = 9, kQueues = 5;
+constexpr int kFlags = kMoeFlags, kQueues = 5;
 
 struct Arena {
   std::vector<float> x, act, y;      // [rows][H], [rows][I], [rows][H]
@@ -186,11 +186,6 @@ struct Rank {
 };
 using Ranks = std::vector<std::unique_ptr<Rank>>;
 
-const char* flag_name(MoeFlag f) {
-  static const char* names[kFlags] = {"ready", "counts", "scanned", "planned", "laid_out",
-                                      "arrived", "gemm1", "gemm2", "returned"};
-  return names[(int)f];
-}
 
 struct HostOps {
   const Case& c;
@@ -212,7 +207,7 @@ struct HostOps {
   uint64_t* flag(int home, MoeFlag f, int i) {
     std::vector<uint64_t>& v = ranks[home]->flags[(int)f];
     if (i < 0 || i >= (int)v.size()) {
-      std::printf("FAIL flag %s[%d] out of range (%zu)\n", flag_name(f), i, v.size());
+      std::printf("FAIL flag %s[%d] out of range (%zu)\n", moe_flag_name(f), i, v.size());
       std::abort();
     }
     return &v[i];
@@ -243,7 +238,7 @@ struct HostOps {
                        __ATOMIC_RELAXED);
     store_release<Scope::kSys>(flag(home, f, i), e);
   }
-  void wait(MoeFlag f, int i) { wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, flag_name(f), i}); }
+  void wait(MoeFlag f, int i) { wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, moe_flag_name(f), i}); }
   bool test(MoeFlag f, int i) { return seen(f, i); }
   void announce_ready() {
     EMU_CHECK(cta == 0, "rank %d: cta %d announces", rank, cta);
@@ -427,7 +422,7 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
     return r.released[(int)f][(size_t)home * r.flags[(int)f].size() + i];
   };
   for (MoeFlag f : {MoeFlag::kScanned, MoeFlag::kPlanned, MoeFlag::kLaidOut})
-    EMU_CHECK(rel(f, rank, 0) == 1, "rank %d: %s released %u times", rank, flag_name(f), rel(f, rank, 0));
+    EMU_CHECK(rel(f, rank, 0) == 1, "rank %d: %s released %u times", rank, moe_flag_name(f), rel(f, rank, 0));
   for (int d = 0; d < c.ep; ++d) {
     EMU_CHECK(rel(MoeFlag::kCounts, d, rank) == 1, "rank %d: counts to %d sent %u times", rank, d,
               rel(MoeFlag::kCounts, d, rank));
@@ -493,12 +488,13 @@ int main() {
   std::vector<Case> cases;
   // ep x W (one CTA per rank included), one mover, a few, or all; t = 13 tokens
   // in blocks of 4, k = 2 of 3 experts per rank, 4-row tiles, 2 dispatch groups,
-  // capacity about 1.25x the balanced mean: balanced epochs mostly fit, skewed overflow.
+  // capacity about twice the balanced mean, below t: balanced epochs mostly fit,
+  // every token to the same experts overflows.
   for (int ep : {1, 2, 4, 8})
     for (int W : {1, 2, 5})
       for (int movers : {1, W == 5 ? 2 : W}) {
         if (movers == 1 && W == 2) continue;
-        const int cap = std::max(1, (5 * 13 * 2 + 4 * 3 * ep - 1) / (4 * 3 * ep));
+        const int cap = std::min(12, (2 * 13 * 2 + 3 * ep - 1) / (3 * ep));
         cases.push_back({ep, W, movers, 13, 2, 4, 3, 4, 2, 3, 2, cap, 5, ep == 8 ? 5 : 20, all});
       }
   // Shapes: k = 1 (every token to one expert), one-row tiles, tiles wider than
@@ -510,6 +506,8 @@ int main() {
   cases.push_back({3, 3, 1, 7, 3, 20, 3, 3, 1, 1, 1, 0, 4, 20, all});
   cases.push_back({8, 2, 1, 8, 4, 3, 4, 4, 2, 4, 2, 8, 3, 5, all});
   cases.push_back({1, 4, 4, 17, 4, 5, 6, 4, 4, 3, 3, 17, 4, 20, all});
+  cases.push_back({4, 2, 1, 13, 2, 4, 3, 4, 2, 3, 2, 13, 4, 10, all});  // capacity t: capped every epoch
+  cases.push_back({8, 2, 2, 13, 2, 4, 3, 4, 2, 3, 2, 13, 3, 5, all});
   cases.push_back({2, 1, 1, 12, 2, 3, 3, 4, 2, 2, 2, 3, 8, 0, all});  // one CTA, no delays: tight interleavings
   cases.push_back({4, 3, 2, 12, 2, 3, 3, 4, 2, 2, 2, 3, 6, 0, all});
   unsigned seed = 1;
