@@ -122,8 +122,9 @@ struct Inputs {
   Inputs(const Case& c, int it, int r) {
     for (int i = 0; i < c.t; ++i) {
       for (int e : route_token_of(c, it, r, i)) idx.push_back(e);
-      for (int j = 0; j < c.k; ++j) w.push_back(small(hash({4, (uint64_t)it, (uint64_t)r, (uint64_t)i, (uint64_t)j}), -3, 3));
-      for (int h = 0; h < c.H(); ++h) x.push_back(small(hash({5, (uint64_t)it, (uint64_t)r, (uint64_t)i, (uint64_t)h}), -3, 3));
+      const uint64_t at = hash({(uint64_t)it, (uint64_t)r, (uint64_t)i});
+      for (int j = 0; j < c.k; ++j) w.push_back(small(hash({4, at, (uint64_t)j}), -3, 3));
+      for (int h = 0; h < c.H(); ++h) x.push_back(small(hash({5, at, (uint64_t)h}), -3, 3));
     }
   }
 };
@@ -238,7 +239,9 @@ struct HostOps {
                        __ATOMIC_RELAXED);
     store_release<Scope::kSys>(flag(home, f, i), e);
   }
-  void wait(MoeFlag f, int i) { wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, moe_flag_name(f), i}); }
+  void wait(MoeFlag f, int i) {
+    wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, moe_flag_name(f), i});
+  }
   bool test(MoeFlag f, int i) { return seen(f, i); }
   void announce_ready() {
     EMU_CHECK(cta == 0, "rank %d: cta %d announces", rank, cta);
@@ -346,7 +349,8 @@ struct HostOps {
       float acc = 0;
       for (int n = 0; n < I; ++n) {
         EMU_CHECK(__atomic_load_n(&a.act_e[(size_t)row * I + n], __ATOMIC_RELAXED) == e,
-                  "rank %d epoch %llu: GEMM2 row %d reads GEMM1 column %d not done", rank, (unsigned long long)e, row, n);
+                  "rank %d epoch %llu: GEMM2 row %d reads GEMM1 column %d not done", rank, (unsigned long long)e,
+                  row, n);
         acc += a.act[(size_t)row * I + n] * model.w2[((size_t)ge * I + n) * H + t.n];
       }
       a.y[(size_t)row * H + t.n] = acc;
@@ -512,6 +516,7 @@ int main() {
   cases.push_back({4, 3, 2, 12, 2, 3, 3, 4, 2, 2, 2, 3, 6, 0, all});
   unsigned seed = 1;
   for (const Case& c : cases) {
+    for (int r = 0; r < c.ep; ++r) EMU_CHECK(moe_fwd_shape_ok(c.shape(r)), "ep=%d: shape refused", c.ep);
     const Model model(c);
     Ranks ranks;
     for (int r = 0; r < c.ep; ++r) ranks.emplace_back(new Rank(c, c.shape(r)));
