@@ -1,0 +1,322 @@
+// The MoE forward megakernel's schedule (paper §3.3.1, Figure 6), plain
+// host/device code: the GPU kernel and the CPU emulation
+// (tests/host/moe_fwd_sched_emu.cc) run moe_fwd_cta over different `Ops`.
+// Shapes, arenas, capacity and the layout: moe/fwd_layout.h. Queues of one
+// rank, in the order CTAs take them:
+//
+//  front    route block b (b < nb): its router logits (X W_r^T, fp32), its
+//           tokens' routing (route.h), plan_histogram of its row;
+//           the last block routed runs plan_scan and sends this rank's counts[E]
+//           to every rank: the count exchange, the forward's one cross-rank
+//           barrier. Then scatter block b (plan_scatter, after the scan), then
+//           one layout item: wait for every rank's counts, build MoeLayout.
+//  move     dispatch parts (x, g, d): this rank's rows for expert d*E_l + x from
+//           token group g (G groups of whole plan blocks) pushed into their final
+//           row of d's receive arena. Expert-major (the order GEMM1 consumes),
+//           group, then destination-minor, rotated from rank + 1 and ending with
+//           our own, so consecutive parts go down different links. The last of a
+//           (source, expert)'s G parts releases arrived[source, x] at d.
+//           EP = 1 (and our own share at EP > 1): the part is one local gather
+//           into the arena. Why a copy rather than builders gathering A rows:
+//           every GEMM1 row block is read by nt1 tiles, so one copy costs less
+//           than nt1 gathers, the Hopper engine reads A with TMA, which needs
+//           the rows contiguous, and the grouped rows are the backward's X.
+//  build    GEMM1 tiles (row block, column block of 2I as SwiGLU pairs: each
+//           tile holds the gate and up columns of the same I columns), then GEMM2
+//           tiles (row block, column block of H); row blocks are expert-major.
+//           A GEMM1 tile waits only on the sources whose rows its row block
+//           holds; a GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
+//  combine  units (x, s): expert x's rows from source s, pushed back into s's
+//           return buffer once their row blocks' GEMM2 tiles are done (expert-
+//           major, destination-minor as above). Our own units copy nothing: the
+//           fold reads those rows in the arena. Each releases returned[e] at s.
+//  fold     token block b, once every unit holding its rows has returned: each
+//           token's k rows weighted by fp32 router weights, summed in fp32 in
+//           slot order (moe_fold_token).
+//
+// Memory model. Flags hold epochs (never reset: ready is flag >= epoch); a
+// producer writes, barriers its CTA, then one thread releases (.sys when the
+// reader is another GPU); consumers acquire. Every wait polls local memory: all
+// cross-rank traffic is pushed. Counters (MoeCount) are local u32s; the add
+// that completes one re-arms it to 0 and then releases the flag, as RS's band
+// counts publish a band; queue counters are re-armed by the last CTA (finish).
+// Reuse across epochs: a rank sends its counts to d only once d has stored
+// ready[us] >= epoch, which d's CTA 0 does first thing in a launch (d's previous
+// launch, every reader of d's buffers, is over). Every later write into d
+// (arena rows, units) follows our layout item, which waited for d's counts of
+// this epoch, so d is in this launch: no wait of its own. Every write into d is
+// awaited by d in that epoch (units without rows write nothing), so d never
+// leaves an epoch with our writes still in flight.
+#pragma once
+
+#include "kosmos/platform.h"
+#include "kosmos/roles.h"
+#include "moe/fwd_layout.h"
+
+namespace kosmos::moe {
+
+// ---- queue items ----------------------------------------------------------------
+enum class MoeQueue : int { kFront, kMove, kBuild, kCombine, kFold };
+enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2 };
+// Flags by index: kReady[rank], kCounts[rank], kScanned/kPlanned/kLaidOut[0],
+// kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x).
+enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned };
+constexpr int kMoeFlags = 9;
+// The flag's name, for a timed-out wait's report (WaitSite::flag).
+KOSMOS_HD inline const char* moe_flag_name(MoeFlag f) {
+  const char* const names[kMoeFlags] = {"ready", "counts", "scanned", "planned", "laid_out",
+                                        "arrived", "gemm1", "gemm2", "returned"};
+  return names[(int)f];
+}
+
+KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
+KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
+KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) { return moe_row_blocks(s, L) * s.nt1; }
+KOSMOS_HD inline int moe_n_build(const MoeFwdShape& s, const MoeLayout& L) {
+  return moe_row_blocks(s, L) * (s.nt1 + s.nt2);
+}
+KOSMOS_HD inline int moe_n_units(const MoeFwdShape& s) { return s.e_local * s.ep; }
+// i-th rank of a destination-minor rotation: rank + 1 first, our own last.
+KOSMOS_HD inline int moe_rotated(const MoeFwdShape& s, int i) { return (s.rank + 1 + i) % s.ep; }
+
+struct MoeMove {
+  int x, g, dst;  // dst's local expert x, token group g
+};
+KOSMOS_HD inline MoeMove moe_move_item(const MoeFwdShape& s, int q) {
+  return {q / (s.groups * s.ep), q / s.ep % s.groups, moe_rotated(s, q % s.ep)};
+}
+
+struct MoeTile {
+  int gemm;    // 1 or 2
+  int rb, x;   // row block (arena rows [rb * tile_m, + tile_m)), its local expert
+  int n;       // column block
+};
+// The local expert whose segment holds row block rb: the last x with rb[x] <= rb
+// (empty experts share their successor's start).
+KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int rb) {
+  int lo = 0, hi = s.e_local;  // L.rb[lo] <= rb < L.rb[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (L.rb[mid] <= rb) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
+  const int n1 = moe_n_gemm1(s, L);
+  const int q = j < n1 ? j : j - n1, nt = j < n1 ? s.nt1 : s.nt2;
+  return {j < n1 ? 1 : 2, q / nt, moe_expert_of(s, L, q / nt), q % nt};
+}
+// Whether row block rb (of expert x) holds rows from source src.
+KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {
+  const int lo = (rb - L.rb[x]) * s.tile_m, a = moe_src(s, L, x, src), b = moe_src(s, L, x, src + 1);
+  return a < b && a < lo + s.tile_m && b > lo;
+}
+
+struct MoeUnit {
+  int x, dst;  // our local expert x's rows from (and back to) rank dst
+};
+KOSMOS_HD inline MoeUnit moe_unit_item(const MoeFwdShape& s, int u) { return {u / s.ep, moe_rotated(s, u % s.ep)}; }
+// Arena rows [*row, *row + rows) of unit c.
+KOSMOS_HD inline int moe_unit_rows(const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c, int* row) {
+  *row = L.rb[c.x] * s.tile_m + moe_src(s, L, c.x, c.dst);
+  return moe_src(s, L, c.x, c.dst + 1) - moe_src(s, L, c.x, c.dst);
+}
+
+// Dispatch part m: our rows [*begin, *end) of expert dst * E_l + x (plan order).
+KOSMOS_HD inline void moe_part_rows(const MoeFwdShape& s, const int* ends, const MoeMove& m, int* begin, int* end) {
+  const int per = moe_cdiv(moe_blocks(s), s.groups), e = m.dst * s.e_local + m.x;
+  *begin = moe_rows_before(s, ends, m.g * per, e);
+  *end = moe_rows_before(s, ends, (m.g + 1) * per, e);
+}
+
+// ---- role policy ------------------------------------------------------------------
+// Every CTA runs the front and, at its end, the combine queue and the fold.
+// Movers (the first `movers` CTAs, at least one: only movers dispatch) drain the
+// move queue, then switch two ways: push a ready unit, else build a tile.
+// Builders build until the GEMM queue is empty, then push units (one way).
+KOSMOS_HD inline Role moe_initial_role(int cta, int grid, int movers) {
+  const int m = movers < 1 ? 1 : movers > grid ? grid : movers;
+  return cta < m ? Role::kMover : Role::kBuilder;
+}
+
+enum class MoeStep : int { kPush, kBuild, kWait };
+// A two-way mover holding unit u: push it if ready, else build while tiles are
+// left, else wait for it (every tile it needs is claimed by then).
+KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
+  return unit_ready ? MoeStep::kPush : tiles_left ? MoeStep::kBuild : MoeStep::kWait;
+}
+
+// ---- one CTA's life -------------------------------------------------------------
+// `Ops` supplies CTA-uniform primitives: claim(queue); count(counter, i, target)
+// (add one; true for the add that completes it, which re-arms it); release(flag,
+// home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
+// i) on our own flags; ends() (plan ends [nb][E], after kPlanned); layout(); and
+// the work: route, scan, send_counts, scatter, build_layout, push_part, gemm1,
+// gemm2, push_unit, fold, finish.
+
+// The last route block: scan, then the count exchange (our own row last).
+template <class Ops>
+KOSMOS_HD void moe_scan_and_send(Ops& ops, const MoeFwdShape& s) {
+  ops.scan();
+  ops.release(MoeFlag::kScanned, s.rank, 0);
+  for (int i = 0; i < s.ep; ++i) {
+    const int d = moe_rotated(s, i);
+    ops.wait(MoeFlag::kReady, d);
+    ops.send_counts(d);
+    ops.release(MoeFlag::kCounts, d, s.rank);
+  }
+}
+
+template <class Ops>
+KOSMOS_HD void moe_front(Ops& ops, const MoeFwdShape& s) {
+  const int nb = moe_blocks(s), n = moe_n_front(s);
+  for (int i = ops.claim(MoeQueue::kFront); i < n; i = ops.claim(MoeQueue::kFront)) {
+    if (i < nb) {
+      ops.route(i);
+      if (ops.count(MoeCount::kRouted, 0, nb)) moe_scan_and_send(ops, s);
+    } else if (i < 2 * nb) {
+      ops.wait(MoeFlag::kScanned, 0);
+      ops.scatter(i - nb);
+      if (ops.count(MoeCount::kScattered, 0, nb)) ops.release(MoeFlag::kPlanned, s.rank, 0);
+    } else {
+      for (int r = 0; r < s.ep; ++r) ops.wait(MoeFlag::kCounts, r);
+      ops.build_layout();
+      ops.release(MoeFlag::kLaidOut, s.rank, 0);
+    }
+  }
+  ops.wait(MoeFlag::kPlanned, 0);
+  ops.wait(MoeFlag::kLaidOut, 0);
+}
+
+template <class Ops>
+KOSMOS_HD void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
+  const int n = moe_n_move(s);
+  for (int q = ops.claim(MoeQueue::kMove); q < n; q = ops.claim(MoeQueue::kMove)) {
+    const MoeMove m = moe_move_item(s, q);
+    ops.push_part(m);
+    if (ops.count(MoeCount::kParts, m.dst * s.e_local + m.x, s.groups))
+      ops.release(MoeFlag::kArrived, m.dst, s.rank * s.e_local + m.x);
+  }
+}
+
+template <class Ops>
+KOSMOS_HD void moe_build(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, int j) {
+  const MoeTile t = moe_build_item(s, L, j);
+  if (t.gemm == 1) {
+    for (int src = 0; src < s.ep; ++src)
+      if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
+    ops.gemm1(t);
+    if (ops.count(MoeCount::kGemm1, t.rb, s.nt1)) ops.release(MoeFlag::kGemm1, s.rank, t.rb);
+  } else {
+    ops.wait(MoeFlag::kGemm1, t.rb);
+    ops.gemm2(t);
+    if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
+  }
+}
+
+// Builds until the GEMM queue is empty.
+template <class Ops>
+KOSMOS_HD void moe_build_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n = moe_n_build(s, L);
+  for (int j = ops.claim(MoeQueue::kBuild); j < n; j = ops.claim(MoeQueue::kBuild)) moe_build(ops, s, L, j);
+}
+
+template <class Ops>
+KOSMOS_HD bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+  int row;
+  const int rows = moe_unit_rows(s, L, c, &row);
+  for (int rb = row / s.tile_m; rows > 0 && rb <= (row + rows - 1) / s.tile_m; ++rb)
+    if (!ops.test(MoeFlag::kGemm2, rb)) return false;
+  return true;
+}
+
+// Pushes unit c once its row blocks are done (waits return at once after a
+// successful moe_unit_ready). A unit without rows writes and releases nothing.
+template <class Ops>
+KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+  int row;
+  const int rows = moe_unit_rows(s, L, c, &row);
+  if (rows == 0) return;
+  for (int rb = row / s.tile_m; rb <= (row + rows - 1) / s.tile_m; ++rb) ops.wait(MoeFlag::kGemm2, rb);
+  if (c.dst != s.rank) ops.push_unit(c);
+  ops.release(MoeFlag::kReturned, c.dst, s.rank * s.e_local + c.x);
+}
+
+// A mover after dispatch: two-way, holding one claimed unit at a time; then
+// whatever tiles are left.
+template <class Ops>
+KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n_units = moe_n_units(s), n_build = moe_n_build(s, L);
+  bool tiles = true;
+  for (int u = ops.claim(MoeQueue::kCombine); u < n_units;) {
+    const MoeUnit c = moe_unit_item(s, u);
+    if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) == MoeStep::kBuild) {
+      const int j = ops.claim(MoeQueue::kBuild);
+      if (j < n_build) moe_build(ops, s, L, j); else tiles = false;
+      continue;
+    }
+    moe_push_unit(ops, s, L, c);
+    u = ops.claim(MoeQueue::kCombine);
+  }
+  if (tiles) moe_build_rest(ops, s, L);
+}
+
+template <class Ops>
+KOSMOS_HD void moe_combine_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+  const int n = moe_n_units(s);
+  for (int u = ops.claim(MoeQueue::kCombine); u < n; u = ops.claim(MoeQueue::kCombine))
+    moe_push_unit(ops, s, L, moe_unit_item(s, u));
+}
+
+template <class Ops>
+KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
+  const int nb = moe_blocks(s), E = moe_experts(s);
+  const int* ends = ops.ends();
+  for (int b = ops.claim(MoeQueue::kFold); b < nb; b = ops.claim(MoeQueue::kFold)) {
+    for (int e = 0; e < E; ++e)
+      if (moe_rows_before(s, ends, b + 1, e) > moe_rows_before(s, ends, b, e)) ops.wait(MoeFlag::kReturned, e);
+    ops.fold(b);
+  }
+}
+
+// One CTA's life. Preconditions (the launcher): every CTA of the grid is
+// resident; all ranks run the same shape (rank aside) and the same epoch.
+//
+// Deadlock freedom. Each wait, and why the work it waits on is claimed by a
+// running CTA that finishes it without waiting on the waiter:
+//  kReady[d]: stored by d's CTA 0 before it waits on anything.
+//  front: route blocks wait on nothing, so on every rank the last one finishes
+//    and scans (then waits only on kReady to send its counts); scatters wait on that scan, claimed
+//    earlier in the front queue; the layout item on every rank's scanner.
+//    kPlanned / kLaidOut after the front queue is empty: every front item is
+//    claimed by then.
+//  kArrived: dispatch parts wait on nothing (front work is done), and every rank
+//    has a mover that drains its move queue, so every part is pushed.
+//  kGemm1: GEMM1 tiles precede every GEMM2 tile in the build queue, so they are
+//    claimed, and they wait only on kArrived.
+//  kGemm2 (a unit): a two-way mover builds instead of waiting while tiles are
+//    left, and a builder pushes only once the build queue is empty: either way
+//    every tile the unit needs is claimed, and tiles never wait on units.
+//  kReturned (the fold): every CTA of every rank drains its combine queue
+//    before folding, and units wait only on tiles.
+// The waits form a DAG over (ready, front, dispatch, GEMM1, GEMM2, combine,
+// fold), so every wait ends, down to one CTA per rank: it routes, plans and
+// sends its counts (waiting only on the peers' CTA 0 announcements), dispatches
+// every part, then alternates units and tiles, and folds last.
+template <class Ops>
+KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers) {
+  if (cta == 0) ops.announce_ready();
+  moe_front(ops, s);
+  const MoeLayout& L = ops.layout();
+  if (moe_initial_role(cta, grid, movers) == Role::kMover) {
+    moe_dispatch(ops, s);
+    moe_two_way(ops, s, L);
+  } else {
+    moe_build_rest(ops, s, L);
+  }
+  moe_combine_rest(ops, s, L);
+  moe_fold_all(ops, s);
+  ops.finish(grid);
+}
+
+}  // namespace kosmos::moe

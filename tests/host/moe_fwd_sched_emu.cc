@@ -1,0 +1,535 @@
+// CPU emulation of the MoE forward schedule: kernels/moe/fwd_sched.h (the one
+// CTA life, moe_fwd_cta), plan.h, queue.h, sync.h compiled for the host and
+// driven by ep ranks x W threads ("CTAs", all resident, as the launcher
+// guarantees) with random delays, several epochs back to back per rank (ranks
+// drift apart), routings that change from epoch to epoch: balanced, skewed,
+// every token to the same k experts (k = 1: one expert), every token to one
+// rank's experts (the other ranks get no rows at all).
+// The work is real, on small integer-valued floats (every sum exact, so any
+// order gives the same bits): route copies the epoch's routing and histograms
+// it, plan_scan / plan_scatter / moe_build_layout place the rows, the "GEMM1"
+// is gate * up of x with per-expert weights, the "GEMM2" a product with a
+// second weight, and the fold's output must equal a direct per-token
+// computation: the layout, the offsets and the modes are right.
+// Checks: every queue item runs exactly once per epoch and every flag is
+// released once (units without rows: never); a GEMM1 tile reads only rows
+// dispatched this epoch from sources whose arrival it saw; a GEMM2 row block
+// only GEMM1 output of this epoch after its flag; a unit only finished GEMM2
+// rows; the fold only rows whose unit has returned; pushes only into ranks
+// whose previous epoch is over; the capped/dropless choice equals the overflow
+// of the whole count table, and the layout fits the arena of its mode; nothing
+// hangs (bounded waits trap, naming the flag).
+// Usage: moe_fwd_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kosmos/queue.h"
+#include "kosmos/sync.h"
+#include "moe/fwd_sched.h"
+
+#include "emu_check.h"
+
+using namespace kosmos;
+using namespace kosmos::moe;
+
+namespace {
+
+uint64_t g_timeout_ns = 20ull * 1000 * 1000 * 1000;
+long g_dropless = 0, g_capped = 0;  // rank-epochs run in each mode
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+uint64_t hash(std::initializer_list<uint64_t> v) {
+  uint64_t h = 0x51ED27;
+  for (uint64_t a : v) h = mix64(h ^ a);
+  return h;
+}
+float small(uint64_t h, int lo, int hi) { return (float)(lo + (int)(h % (uint64_t)(hi - lo + 1))); }
+
+enum Routing { kBalanced, kSkewed, kHot, kOneRank };
+
+struct Case {
+  int ep, W, movers, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity, epochs, max_delay_us;
+  std::vector<Routing> routings;  // epoch i routes with routings[i % size]
+  int H() const { return nt2; }   // one element per emulated column block
+  int I() const { return nt1; }
+  int E() const { return ep * e_local; }
+  MoeFwdShape shape(int rank) const { return {ep, rank, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity}; }
+};
+
+// Token i of rank r in epoch it: k distinct experts (a router's top-k), in slot order.
+std::vector<int> route_token_of(const Case& c, int it, int r, int i) {
+  std::mt19937 g((unsigned)hash({(uint64_t)it, (uint64_t)r, (uint64_t)i}));
+  const int E = c.E();
+  std::vector<int> out;
+  while ((int)out.size() < c.k) {
+    int e = 0;
+    switch (c.routings[it % c.routings.size()]) {
+      case kBalanced: e = (int)(g() % E); break;
+      case kSkewed: e = (int)(E * std::pow((g() % 1000) / 1000.0, 3)); break;  // mostly the first experts
+      case kHot: e = (int)out.size(); break;                                  // experts 0..k-1
+      case kOneRank: e = (c.ep - 1) * c.e_local + (int)(g() % c.e_local); break;
+    }
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+  }
+  return out;
+}
+
+// Model weights (per case) and one rank's inputs of an epoch.
+struct Model {
+  std::vector<float> w1g, w1u, w2;  // [E][H][I], [E][H][I], [E][I][H]
+  explicit Model(const Case& c) {
+    const size_t n = (size_t)c.E() * c.H() * c.I();
+    for (size_t i = 0; i < n; ++i) {
+      w1g.push_back(small(hash({1, i}), -2, 2));
+      w1u.push_back(small(hash({2, i}), -2, 2));
+      w2.push_back(small(hash({3, i}), -2, 2));
+    }
+  }
+  // act[I] of row x[H] through expert e (gate * up: SwiGLU's integer stand-in), then y[H].
+  void expert(const Case& c, int e, const float* x, float* act, float* y) const {
+    const int H = c.H(), I = c.I();
+    for (int n = 0; n < I; ++n) {
+      float g = 0, u = 0;
+      for (int h = 0; h < H; ++h) {
+        g += x[h] * w1g[((size_t)e * H + h) * I + n];
+        u += x[h] * w1u[((size_t)e * H + h) * I + n];
+      }
+      act[n] = g * u;
+    }
+    for (int m = 0; m < H; ++m) {
+      float acc = 0;
+      for (int n = 0; n < I; ++n) acc += act[n] * w2[((size_t)e * I + n) * H + m];
+      y[m] = acc;
+    }
+  }
+};
+
+struct Inputs {
+  std::vector<int> idx;    // [t * k]
+  std::vector<float> w, x;  // [t * k] router weights, [t * H] tokens
+  Inputs(const Case& c, int it, int r) {
+    for (int i = 0; i < c.t; ++i) {
+      for (int e : route_token_of(c, it, r, i)) idx.push_back(e);
+      const uint64_t at = hash({(uint64_t)it, (uint64_t)r, (uint64_t)i});
+      for (int j = 0; j < c.k; ++j) w.push_back(small(hash({4, at, (uint64_t)j}), -3, 3));
+      for (int h = 0; h < c.H(); ++h) x.push_back(small(hash({5, at, (uint64_t)h}), -3, 3));
+    }
+  }
+};
+
+// Whether some (source, expert) count of epoch it exceeds the capacity: the
+// mode every rank must pick.
+bool overflows(const Case& c, int it) {
+  for (int r = 0; r < c.ep; ++r) {
+    std::vector<int> counts(c.E(), 0);
+    for (int e : Inputs(c, it, r).idx) ++counts[e];
+    for (int n : counts)
+      if (n > c.capacity) return true;
+  }
+  return false;
+}
+
+uint64_t row_tag(uint64_t e, int src, int i) { return (e << 40) | ((uint64_t)src << 32) | (uint32_t)i; }
+int tag_src(uint64_t tag) { return (int)((tag >> 32) & 0xFF); }
+uint64_t tag_epoch(uint64_t tag) { return tag >> 40; }
+
+constexpr int kFlags = kMoeFlags, kQueues = 5;
+
+struct Arena {
+  std::vector<float> x, act, y;      // [rows][H], [rows][I], [rows][H]
+  std::vector<uint64_t> tag;         // [rows] (epoch, source) of the dispatched row
+  std::vector<uint64_t> act_e, y_e;  // [rows][I], [rows][H] epoch each element was computed in
+  Arena(int rows, int H, int I)
+      : x((size_t)rows * H), act((size_t)rows * I), y((size_t)rows * H), tag(rows), act_e((size_t)rows * I),
+        y_e((size_t)rows * H) {}
+};
+
+// One rank's device memory: control words as in the kernel, plan, arenas.
+struct Rank {
+  uint64_t epoch = 0;
+  uint32_t queue[kQueues] = {}, finished = 0, routed = 0, scattered = 0;
+  std::vector<uint32_t> parts, g1, g2;  // counters: [E] by (dst, x), [row blocks] x 2
+  std::vector<uint64_t> flags[kFlags];  // by MoeFlag
+  std::vector<int> table;               // [ep][E] exchanged counts
+  std::vector<int> idx, hist, counts, start1, pos, order;
+  std::vector<float> w;
+  std::unique_ptr<MoeLayout> layout{new MoeLayout()};
+  Arena arena[2];                       // capped, dropless
+  std::vector<float> ret, out;          // [t*k][H] return buffer, [t][H] fold output
+  std::vector<uint64_t> ret_tag;        // [t*k]
+  // Per epoch: runs of each queue item, releases of each flag (at home * size + i), scans.
+  std::vector<uint32_t> ran[kQueues], released[kFlags];
+  uint32_t scans = 0;
+  Rank(const Case& c, const MoeFwdShape& s)
+      : parts(c.E()), g1(moe_max_row_blocks(s)), g2(moe_max_row_blocks(s)), table((size_t)c.ep * c.E()),
+        idx(c.t * c.k), hist((size_t)moe_blocks(s) * c.E()), counts(c.E()), start1(c.E() + 1), pos(c.t * c.k),
+        order(c.t * c.k), w(c.t * c.k),
+        arena{Arena(moe_arena_rows(s, false), c.H(), c.I()), Arena(moe_arena_rows(s, true), c.H(), c.I())},
+        ret((size_t)c.t * c.k * c.H()), out((size_t)c.t * c.H()), ret_tag(c.t * c.k) {
+    const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), moe_max_row_blocks(s), moe_max_row_blocks(s), c.E()};
+    for (int f = 0; f < kFlags; ++f) {
+      flags[f].assign(sizes[f], 0);
+      released[f].assign((size_t)c.ep * sizes[f], 0);
+    }
+  }
+};
+using Ranks = std::vector<std::unique_ptr<Rank>>;
+
+
+struct HostOps {
+  const Case& c;
+  Ranks& ranks;
+  const Model& model;
+  const Inputs& in;
+  int rank, cta;
+  uint64_t e;
+  std::mt19937 rng;
+  MoeFwdShape s;
+
+  Rank& me() { return *ranks[rank]; }
+  const MoeLayout& layout() { return *me().layout; }
+  const int* ends() { return me().hist.data(); }
+  Arena& arena() { return me().arena[layout().dropless]; }
+  void jitter() {
+    if (c.max_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % (c.max_delay_us + 1)));
+  }
+  uint64_t* flag(int home, MoeFlag f, int i) {
+    std::vector<uint64_t>& v = ranks[home]->flags[(int)f];
+    if (i < 0 || i >= (int)v.size()) {
+      std::printf("FAIL flag %s[%d] out of range (%zu)\n", moe_flag_name(f), i, v.size());
+      std::abort();
+    }
+    return &v[i];
+  }
+  void ran(MoeQueue q, int i) { __atomic_fetch_add(&me().ran[(int)q][i], 1u, __ATOMIC_RELAXED); }
+  // A push into rank d of epoch e: d's previous epoch must be over (kReady).
+  void check_ready(int d, const char* what) {
+    EMU_CHECK(load_acquire<Scope::kSys>(&ranks[d]->epoch) + 1 >= e, "rank %d cta %d pushes %s into rank %d, which "
+              "is still in epoch %llu", rank, cta, what, d, (unsigned long long)ranks[d]->epoch + 1);
+  }
+  bool seen(MoeFlag f, int i) { return load_acquire<Scope::kSys>(flag(rank, f, i)) >= e; }
+
+  // ---- control ----
+  int claim(MoeQueue q) {
+    jitter();
+    return (int)WorkQueue{&me().queue[(int)q], 0}.claim();
+  }
+  bool count(MoeCount k, int i, int target) {
+    uint32_t* p = k == MoeCount::kRouted ? &me().routed : k == MoeCount::kScattered ? &me().scattered
+                : k == MoeCount::kParts ? &me().parts[i] : k == MoeCount::kGemm1 ? &me().g1[i] : &me().g2[i];
+    if (add_acq_rel_gpu_u32(p, 1) + 1 != (uint32_t)target) return false;
+    __atomic_store_n(p, 0u, __ATOMIC_RELAXED);  // re-armed: no other add this launch
+    return true;
+  }
+  void release(MoeFlag f, int home, int i) {
+    jitter();
+    __atomic_fetch_add(&me().released[(int)f][(size_t)home * ranks[home]->flags[(int)f].size() + i], 1u,
+                       __ATOMIC_RELAXED);
+    store_release<Scope::kSys>(flag(home, f, i), e);
+  }
+  void wait(MoeFlag f, int i) {
+    wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, moe_flag_name(f), i});
+  }
+  bool test(MoeFlag f, int i) { return seen(f, i); }
+  void announce_ready() {
+    EMU_CHECK(cta == 0, "rank %d: cta %d announces", rank, cta);
+    for (int r = 0; r < c.ep; ++r) store_release<Scope::kSys>(flag(r, MoeFlag::kReady, rank), e);
+  }
+  void finish(int grid) {
+    if (add_acq_rel_gpu_u32(&me().finished, 1) != (uint32_t)grid - 1) return;
+    for (uint32_t& q : me().queue) q = 0;
+    me().finished = 0;
+    store_release<Scope::kGpu>(&me().epoch, e);
+  }
+
+  // ---- front ----
+  void route(int b) {
+    ran(MoeQueue::kFront, b);
+    int first, last;
+    plan_block_pairs(moe_plan_shape(s), b, &first, &last);
+    for (int p = first; p < last; ++p) {
+      me().idx[p] = in.idx[p];
+      me().w[p] = in.w[p];
+    }
+    jitter();
+    plan_histogram(me().idx.data(), moe_plan_shape(s), b, me().hist.data() + (size_t)b * c.E());
+  }
+  void scan() {
+    ++me().scans;
+    plan_scan(me().hist.data(), moe_plan_shape(s), me().counts.data(), 0, 1);
+    plan_segments<1>(me().counts.data(), c.E(), me().start1.data());
+  }
+  void send_counts(int d) {
+    check_ready(d, "counts");
+    std::copy(me().counts.begin(), me().counts.end(), ranks[d]->table.begin() + (size_t)rank * c.E());
+  }
+  void scatter(int b) {
+    ran(MoeQueue::kFront, moe_blocks(s) + b);
+    plan_scatter(me().idx.data(), moe_plan_shape(s), b, me().hist.data() + (size_t)b * c.E(), me().start1.data(),
+                 me().pos.data(), me().order.data());
+  }
+  void build_layout() {
+    ran(MoeQueue::kFront, 2 * moe_blocks(s));
+    moe_build_layout(s, me().table.data(), me().layout.get());
+    const MoeLayout& L = layout();
+    const int rows = moe_row_blocks(s, L) * c.tile_m;
+    EMU_CHECK(L.dropless == overflows(c, (int)e - 1), "rank %d epoch %llu: dropless %d, the counts say %d", rank,
+              (unsigned long long)e, L.dropless, (int)overflows(c, (int)e - 1));
+    EMU_CHECK(rows <= moe_arena_rows(s, L.dropless), "rank %d epoch %llu: layout of %d rows, %s arena of %d", rank,
+              (unsigned long long)e, rows, L.dropless ? "dropless" : "capped", moe_arena_rows(s, L.dropless));
+    __atomic_fetch_add(L.dropless ? &g_dropless : &g_capped, 1, __ATOMIC_RELAXED);
+  }
+
+  // ---- dispatch, GEMMs, combine, fold ----
+  void push_part(const MoeMove& m) {
+    ran(MoeQueue::kMove, (m.x * c.groups + m.g) * c.ep + (m.dst - rank - 1 + c.ep) % c.ep);
+    const int ex = m.dst * c.e_local + m.x, at = layout().dst[ex], H = c.H();
+    int begin, end;
+    moe_part_rows(s, ends(), m, &begin, &end);
+    if (end > begin) check_ready(m.dst, "rows");
+    Arena& to = ranks[m.dst]->arena[layout().dropless];
+    for (int r = begin; r < end; ++r) {
+      const int p = me().order[me().start1[ex] + r];
+      EMU_CHECK(me().idx[p] == ex && at + r < (int)to.tag.size(), "rank %d: part row %d of expert %d", rank, r, ex);
+      std::copy(in.x.begin() + (size_t)(p / c.k) * H, in.x.begin() + (size_t)(p / c.k + 1) * H,
+                to.x.begin() + (size_t)(at + r) * H);
+      __atomic_store_n(&to.tag[at + r], row_tag(e, rank, p), __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  // Source of segment row lr of local expert x (-1: padding).
+  int source_of(int x, int lr) {
+    for (int src = 0; src < c.ep; ++src)
+      if (lr >= moe_src(s, layout(), x, src) && lr < moe_src(s, layout(), x, src + 1)) return src;
+    return -1;
+  }
+  int build_index(const MoeTile& t) {
+    return t.gemm == 1 ? t.rb * c.nt1 + t.n : moe_n_gemm1(s, layout()) + t.rb * c.nt2 + t.n;
+  }
+  void gemm1(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    Arena& a = arena();
+    const int H = c.H(), I = c.I(), ge = rank * c.e_local + t.x;
+    for (int i = 0; i < c.tile_m; ++i) {
+      const int row = t.rb * c.tile_m + i, src = source_of(t.x, (t.rb - layout().rb[t.x]) * c.tile_m + i);
+      float v = NAN;  // padding rows: computed, never read
+      if (src >= 0) {
+        const uint64_t tag = __atomic_load_n(&a.tag[row], __ATOMIC_RELAXED);
+        EMU_CHECK(seen(MoeFlag::kArrived, src * c.e_local + t.x) && tag_epoch(tag) == e && tag_src(tag) == src,
+                  "rank %d epoch %llu: GEMM1 row %d (expert %d, source %d) before its rows arrived (tag %llx)", rank,
+                  (unsigned long long)e, row, t.x, src, (unsigned long long)tag);
+        std::vector<float> act(I), y(H);
+        model.expert(c, ge, &a.x[(size_t)row * H], act.data(), y.data());
+        v = act[t.n];
+      }
+      a.act[(size_t)row * I + t.n] = v;
+      __atomic_store_n(&a.act_e[(size_t)row * I + t.n], e, __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  void gemm2(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    Arena& a = arena();
+    const int H = c.H(), I = c.I(), ge = rank * c.e_local + t.x;
+    EMU_CHECK(seen(MoeFlag::kGemm1, t.rb), "rank %d: GEMM2 of row block %d before its GEMM1", rank, t.rb);
+    for (int i = 0; i < c.tile_m; ++i) {
+      const int row = t.rb * c.tile_m + i;
+      float acc = 0;
+      for (int n = 0; n < I; ++n) {
+        EMU_CHECK(__atomic_load_n(&a.act_e[(size_t)row * I + n], __ATOMIC_RELAXED) == e,
+                  "rank %d epoch %llu: GEMM2 row %d reads GEMM1 column %d not done", rank, (unsigned long long)e,
+                  row, n);
+        acc += a.act[(size_t)row * I + n] * model.w2[((size_t)ge * I + n) * H + t.n];
+      }
+      a.y[(size_t)row * H + t.n] = acc;
+      __atomic_store_n(&a.y_e[(size_t)row * H + t.n], e, __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  bool y_done(const Arena& a, int row) {
+    for (int m = 0; m < c.H(); ++m)
+      if (__atomic_load_n(&a.y_e[(size_t)row * c.H() + m], __ATOMIC_RELAXED) != e) return false;
+    return true;
+  }
+  void push_unit(const MoeUnit& u) {
+    int row;
+    const int rows = moe_unit_rows(s, layout(), u, &row), at = layout().ret[u.dst * c.e_local + u.x], H = c.H();
+    check_ready(u.dst, "a unit");
+    Rank& owner = *ranks[u.dst];
+    const Arena& a = arena();
+    for (int r = 0; r < rows; ++r) {
+      EMU_CHECK(y_done(a, row + r), "rank %d epoch %llu: unit (x %d, dst %d) pushes row %d before its GEMM2", rank,
+                (unsigned long long)e, u.x, u.dst, row + r);
+      std::copy(a.y.begin() + (size_t)(row + r) * H, a.y.begin() + (size_t)(row + r + 1) * H,
+                owner.ret.begin() + (size_t)(at + r) * H);
+      __atomic_store_n(&owner.ret_tag[at + r], row_tag(e, rank, u.x), __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  void fold(int b) {
+    ran(MoeQueue::kFold, b);
+    const int H = c.H(), k = c.k;
+    for (int i = b * c.B; i < std::min(c.t, (b + 1) * c.B); ++i) {
+      std::vector<const float*> rows(k);
+      for (int j = 0; j < k; ++j) {
+        const int p = i * k + j, ex = me().idx[p];
+        const MoeRowRef ref = moe_pair_row(s, layout(), me().start1.data(), ex, me().pos[p]);
+        bool ok = seen(MoeFlag::kReturned, ex);
+        if (ref.local) {
+          ok = ok && y_done(arena(), ref.row);
+          rows[j] = &arena().y[(size_t)ref.row * H];
+        } else {
+          const uint64_t tag = __atomic_load_n(&me().ret_tag[ref.row], __ATOMIC_RELAXED);
+          ok = ok && tag == row_tag(e, ex / c.e_local, ex % c.e_local);
+          rows[j] = &me().ret[(size_t)ref.row * H];
+        }
+        EMU_CHECK(ok, "rank %d epoch %llu: fold of token %d slot %d (expert %d) before its row returned", rank,
+                  (unsigned long long)e, i, j, ex);
+      }
+      moe_fold_token(k, &me().w[(size_t)i * k], H, 0, 1, [&](int j, int m) { return rows[j][m]; },
+                     [&](int m, float v) { me().out[(size_t)i * H + m] = v; });
+    }
+    jitter();
+  }
+};
+
+void expect_once(const std::vector<uint32_t>& v, int n, const char* what, const Case& c, int rank, uint64_t e) {
+  for (int i = 0; i < (int)v.size(); ++i)
+    EMU_CHECK(v[i] == (i < n ? 1u : 0u), "ep=%d W=%d rank %d epoch %llu: %s %d ran %u times", c.ep, c.W, rank,
+              (unsigned long long)e, what, i, v[i]);
+}
+
+// After a launch: exactly-once items and releases, and the output against a
+// direct per-token computation.
+void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, int rank, uint64_t e) {
+  const MoeFwdShape s = c.shape(rank);
+  const MoeLayout& L = *r.layout;
+  const int nrb = moe_row_blocks(s, L), E = c.E();
+  expect_once(r.ran[(int)MoeQueue::kFront], moe_n_front(s), "front item", c, rank, e);
+  expect_once(r.ran[(int)MoeQueue::kMove], moe_n_move(s), "dispatch part", c, rank, e);
+  expect_once(r.ran[(int)MoeQueue::kBuild], moe_n_build(s, L), "GEMM tile", c, rank, e);
+  expect_once(r.ran[(int)MoeQueue::kFold], moe_blocks(s), "fold block", c, rank, e);
+  EMU_CHECK(r.scans == 1, "rank %d epoch %llu: %u scans", rank, (unsigned long long)e, r.scans);
+  auto rel = [&](MoeFlag f, int home, int i) {
+    return r.released[(int)f][(size_t)home * r.flags[(int)f].size() + i];
+  };
+  for (MoeFlag f : {MoeFlag::kScanned, MoeFlag::kPlanned, MoeFlag::kLaidOut})
+    EMU_CHECK(rel(f, rank, 0) == 1, "rank %d: %s released %u times", rank, moe_flag_name(f), rel(f, rank, 0));
+  for (int d = 0; d < c.ep; ++d) {
+    EMU_CHECK(rel(MoeFlag::kCounts, d, rank) == 1, "rank %d: counts to %d sent %u times", rank, d,
+              rel(MoeFlag::kCounts, d, rank));
+    for (int x = 0; x < c.e_local; ++x) {
+      const int i = rank * c.e_local + x, row_n = moe_src(s, L, x, d + 1) - moe_src(s, L, x, d);
+      EMU_CHECK(rel(MoeFlag::kArrived, d, i) == 1, "rank %d: arrived[%d] at %d released %u times", rank, i, d,
+                rel(MoeFlag::kArrived, d, i));
+      EMU_CHECK(rel(MoeFlag::kReturned, d, i) == (row_n > 0 ? 1u : 0u), "rank %d: unit (x %d, dst %d) of %d rows "
+                "returned %u times", rank, x, d, row_n, rel(MoeFlag::kReturned, d, i));
+    }
+  }
+  for (int rb = 0; rb < (int)r.flags[(int)MoeFlag::kGemm1].size(); ++rb)
+    EMU_CHECK(rel(MoeFlag::kGemm1, rank, rb) == (rb < nrb) && rel(MoeFlag::kGemm2, rank, rb) == (rb < nrb),
+              "rank %d: row block %d released %u/%u times", rank, rb, rel(MoeFlag::kGemm1, rank, rb),
+              rel(MoeFlag::kGemm2, rank, rb));
+  std::vector<float> act(c.I()), y(c.H()), want(c.H());
+  for (int i = 0; i < c.t; ++i) {
+    std::fill(want.begin(), want.end(), 0.f);
+    for (int j = 0; j < c.k; ++j) {
+      const int p = i * c.k + j;
+      EMU_CHECK(in.idx[p] >= 0 && in.idx[p] < E, "bad expert");
+      model.expert(c, in.idx[p], &in.x[(size_t)i * c.H()], act.data(), y.data());
+      for (int m = 0; m < c.H(); ++m) want[m] += in.w[p] * y[m];
+    }
+    for (int m = 0; m < c.H(); ++m)
+      EMU_CHECK(r.out[(size_t)i * c.H() + m] == want[m], "ep=%d W=%d rank %d epoch %llu: token %d out[%d] = %g, "
+                "want %g", c.ep, c.W, rank, (unsigned long long)e, i, m, r.out[(size_t)i * c.H() + m], want[m]);
+  }
+}
+
+// One rank's launches, back to back; each launch starts its W CTAs in a random order.
+void run_rank(const Case& c, const Model& model, Ranks& ranks, int rank, unsigned seed) {
+  std::mt19937 rng(seed);
+  const MoeFwdShape s = c.shape(rank);
+  for (int it = 0; it < c.epochs; ++it) {
+    Rank& r = *ranks[rank];
+    const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
+    const Inputs in(c, it, rank);
+    const int sizes[kQueues] = {moe_n_front(s), moe_n_move(s), moe_max_row_blocks(s) * (c.nt1 + c.nt2), 0,
+                                moe_blocks(s)};
+    for (int q = 0; q < kQueues; ++q) r.ran[q].assign(sizes[q], 0);
+    for (auto& v : r.released) std::fill(v.begin(), v.end(), 0u);
+    r.scans = 0;
+    std::vector<int> order(c.W);
+    for (int i = 0; i < c.W; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::thread> ctas;
+    for (int cta : order)
+      ctas.emplace_back([&, cta] {
+        HostOps ops{c, ranks, model, in, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s};
+        moe_fwd_cta(ops, s, cta, c.W, c.movers);
+      });
+    for (auto& t : ctas) t.join();
+    check_epoch(c, model, in, r, rank, e);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (const char* ms = std::getenv("EMU_TIMEOUT_MS")) g_timeout_ns = std::strtoull(ms, nullptr, 10) * 1000000ull;
+  const std::vector<Routing> all = {kBalanced, kHot, kSkewed, kOneRank, kBalanced};
+  std::vector<Case> cases;
+  // ep x W (one CTA per rank included), one mover, a few, or all; t = 13 tokens
+  // in blocks of 4, k = 2 of 3 experts per rank, 4-row tiles, 2 dispatch groups,
+  // capacity about twice the balanced mean, below t: balanced epochs mostly fit,
+  // every token to the same experts overflows.
+  for (int ep : {1, 2, 4, 8})
+    for (int W : {1, 2, 5})
+      for (int movers : {1, W == 5 ? 2 : W}) {
+        if (movers == 1 && W == 2) continue;
+        const int cap = std::min(12, (2 * 13 * 2 + 3 * ep - 1) / (3 * ep));
+        cases.push_back({ep, W, movers, 13, 2, 4, 3, 4, 2, 3, 2, cap, 5, ep == 8 ? 5 : 20, all});
+      }
+  // Shapes: k = 1 (every token to one expert), one-row tiles, tiles wider than
+  // any segment, more dispatch groups than blocks (empty parts), one group,
+  // blocks larger than t, wide k, capacity 0 (always dropless) or t (never).
+  cases.push_back({2, 3, 1, 11, 1, 3, 4, 2, 1, 2, 3, 2, 5, 20, {kHot, kBalanced, kSkewed, kOneRank, kHot}});
+  cases.push_back({4, 2, 1, 9, 2, 2, 2, 1, 2, 2, 1, 3, 4, 10, all});
+  cases.push_back({2, 4, 2, 10, 3, 4, 4, 16, 3, 2, 9, 4, 4, 20, all});
+  cases.push_back({3, 3, 1, 7, 3, 20, 3, 3, 1, 1, 1, 0, 4, 20, all});
+  cases.push_back({8, 2, 1, 8, 4, 3, 4, 4, 2, 4, 2, 8, 3, 5, all});
+  cases.push_back({1, 4, 4, 17, 4, 5, 6, 4, 4, 3, 3, 17, 4, 20, all});
+  cases.push_back({4, 2, 1, 13, 2, 4, 3, 4, 2, 3, 2, 13, 4, 10, all});  // capacity t: capped every epoch
+  cases.push_back({8, 2, 2, 13, 2, 4, 3, 4, 2, 3, 2, 13, 3, 5, all});
+  cases.push_back({2, 1, 1, 12, 2, 3, 3, 4, 2, 2, 2, 3, 8, 0, all});  // one CTA, no delays: tight interleavings
+  cases.push_back({4, 3, 2, 12, 2, 3, 3, 4, 2, 2, 2, 3, 6, 0, all});
+  unsigned seed = 1;
+  for (const Case& c : cases) {
+    for (int r = 0; r < c.ep; ++r) EMU_CHECK(moe_fwd_shape_ok(c.shape(r)), "ep=%d: shape refused", c.ep);
+    const Model model(c);
+    Ranks ranks;
+    for (int r = 0; r < c.ep; ++r) ranks.emplace_back(new Rank(c, c.shape(r)));
+    std::vector<std::thread> drivers;
+    for (int r = 0; r < c.ep; ++r)
+      drivers.emplace_back(run_rank, std::cref(c), std::cref(model), std::ref(ranks), r, seed++);
+    for (auto& d : drivers) d.join();
+    for (int r = 0; r < c.ep; ++r)
+      EMU_CHECK(ranks[r]->epoch == (uint64_t)c.epochs, "rank %d ended at epoch %llu", r,
+                (unsigned long long)ranks[r]->epoch);
+  }
+  EMU_CHECK(g_dropless > 0 && g_capped > 0, "modes: %ld dropless, %ld capped rank-epochs", g_dropless, g_capped);
+  std::printf("%zu cases (%ld capped, %ld dropless rank-epochs), %d failures\n", cases.size(), g_capped, g_dropless,
+              emu::g_failures);
+  return emu::g_failures ? 1 : 0;
+}
