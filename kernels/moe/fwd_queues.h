@@ -1,0 +1,84 @@
+// The MoE forward's queues (moe/fwd_sched.h): what item i of each queue is,
+// and how many there are. Counts and flags are indexed as listed below; the
+// order of each queue is the schedule (paper Table 1), argued in fwd_sched.h.
+#pragma once
+
+#include "kosmos/platform.h"
+#include "moe/fwd_layout.h"
+
+namespace kosmos::moe {
+
+enum class MoeQueue : int { kFront, kMove, kBuild, kCombine, kFold };
+enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2 };
+// Flags by index: kReady[rank], kCounts[rank], kScanned/kPlanned/kLaidOut[0],
+// kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x).
+enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned };
+constexpr int kMoeFlags = 9;
+// The flag's name, for a timed-out wait's report (WaitSite::flag).
+KOSMOS_HD inline const char* moe_flag_name(MoeFlag f) {
+  const char* const names[kMoeFlags] = {"ready", "counts", "scanned", "planned", "laid_out",
+                                        "arrived", "gemm1", "gemm2", "returned"};
+  return names[(int)f];
+}
+
+KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
+KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
+KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) { return moe_row_blocks(s, L) * s.nt1; }
+KOSMOS_HD inline int moe_n_build(const MoeFwdShape& s, const MoeLayout& L) {
+  return moe_row_blocks(s, L) * (s.nt1 + s.nt2);
+}
+KOSMOS_HD inline int moe_n_units(const MoeFwdShape& s) { return s.e_local * s.ep; }
+// i-th rank of a destination-minor rotation: rank + 1 first, our own last.
+KOSMOS_HD inline int moe_rotated(const MoeFwdShape& s, int i) { return (s.rank + 1 + i) % s.ep; }
+
+struct MoeMove {
+  int x, g, dst;  // dst's local expert x, token group g
+};
+KOSMOS_HD inline MoeMove moe_move_item(const MoeFwdShape& s, int q) {
+  return {q / (s.groups * s.ep), q / s.ep % s.groups, moe_rotated(s, q % s.ep)};
+}
+
+struct MoeTile {
+  int gemm;    // 1 or 2
+  int rb, x;   // row block (arena rows [rb * tile_m, + tile_m)), its local expert
+  int n;       // column block
+};
+// The local expert whose segment holds row block rb: the last x with rb[x] <= rb
+// (empty experts share their successor's start).
+KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int rb) {
+  int lo = 0, hi = s.e_local;  // L.rb[lo] <= rb < L.rb[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (L.rb[mid] <= rb) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
+  const int n1 = moe_n_gemm1(s, L);
+  const int q = j < n1 ? j : j - n1, nt = j < n1 ? s.nt1 : s.nt2;
+  return {j < n1 ? 1 : 2, q / nt, moe_expert_of(s, L, q / nt), q % nt};
+}
+// Whether row block rb (of expert x) holds rows from source src.
+KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {
+  const int lo = (rb - L.rb[x]) * s.tile_m, a = moe_src(s, L, x, src), b = moe_src(s, L, x, src + 1);
+  return a < b && a < lo + s.tile_m && b > lo;
+}
+
+struct MoeUnit {
+  int x, dst;  // our local expert x's rows from (and back to) rank dst
+};
+KOSMOS_HD inline MoeUnit moe_unit_item(const MoeFwdShape& s, int u) { return {u / s.ep, moe_rotated(s, u % s.ep)}; }
+// Arena rows [*row, *row + rows) of unit c.
+KOSMOS_HD inline int moe_unit_rows(const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c, int* row) {
+  *row = L.rb[c.x] * s.tile_m + moe_src(s, L, c.x, c.dst);
+  return moe_src(s, L, c.x, c.dst + 1) - moe_src(s, L, c.x, c.dst);
+}
+
+// Dispatch part m: our rows [*begin, *end) of expert dst * E_l + x (plan order).
+KOSMOS_HD inline void moe_part_rows(const MoeFwdShape& s, const int* ends, const MoeMove& m, int* begin, int* end) {
+  const int per = moe_cdiv(moe_blocks(s), s.groups), e = m.dst * s.e_local + m.x;
+  *begin = moe_rows_before(s, ends, m.g * per, e);
+  *end = moe_rows_before(s, ends, (m.g + 1) * per, e);
+}
+
+}  // namespace kosmos::moe
