@@ -125,7 +125,8 @@ bench_engine() {
   t0=$(date +%s)
   rm -f "$build"/*.o
   # The bf16 Hopper configurations are the library's own translation units: it times what ops.matmul runs.
-  for f in $src/main $src/bench $src/portable $src/sm90_f32 csrc/matmul_sm90_tn csrc/matmul_sm90_nn csrc/matmul_sm90_nt; do
+  for f in $src/main $src/bench $src/portable $src/sm90_f32 $src/grouped csrc/matmul_sm90_tn csrc/matmul_sm90_nn \
+      csrc/matmul_sm90_nt; do
     n=$(basename $f)
     nvcc $flags -c $f.cu -o "$build/$n.o" > "$logs/build_$n.log" 2>&1 & pids+=($!)
   done

@@ -33,6 +33,10 @@ inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kos
   return sm90_plan(l, kosmos::sm90::single(t, p.M), p, grid, s);
 }
 
+// The MoE expert GEMMs (kernels/moe/grouped_gemm_sm90.cuh) against the portable
+// oracle, expert by expert (grouped.cu); returns the number of failed cases.
+int check_grouped(cudaStream_t s);
+
 // Portable oracle, fp32 output.
 cudaError_t portable_f32(kosmos::gemm::Layout l, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);
 

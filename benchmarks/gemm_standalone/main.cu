@@ -1,7 +1,7 @@
 // Standalone driver for the tile engines: `check` verifies the Hopper engine
 // against the portable oracle (and the oracle against cuBLAS) on fresh random
 // inputs, poisoned outputs with guard zones and sizes that are not multiples
-// of the tile; `bench FILE [all-tiles]` times it against cuBLAS on the shapes in FILE
+// of the tile, and the MoE expert GEMMs (grouped.cu); `bench FILE [all-tiles]` times it against cuBLAS on the shapes in FILE
 // (lines "name layout M N K", engine terms: C[M,N], contraction K).
 #include <cublas_v2.h>
 
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   printf("device: %s, %d SMs, %d MB L2, %zu KB smem/block optin\n", prop.name, prop.multiProcessorCount,
          prop.l2CacheSize >> 20, prop.sharedMemPerBlockOptin >> 10);
   int rc = 0;
-  if (argc >= 2 && !strcmp(argv[1], "check")) rc = bench::check_all(h, s) ? 1 : 0;
+  if (argc >= 2 && !strcmp(argv[1], "check")) rc = (bench::check_all(h, s) + bench::check_grouped(s)) ? 1 : 0;
   else if (argc >= 3 && !strcmp(argv[1], "bench"))
     rc = bench_file(argv[2], h, s, argc >= 4 && !strcmp(argv[3], "all-tiles"));
   else { fprintf(stderr, "usage: %s check | bench SHAPES_FILE [all-tiles]\n", argv[0]); rc = 2; }

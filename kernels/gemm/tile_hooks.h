@@ -52,6 +52,13 @@
 //                      reads its own shard straight from x this way (Hopper:
 //                      under push and for ag_nn), and the portable builders
 //                      every shard's rows and GEMM+RS's chunks.
+//  b_kblock0(t)        (Hopper engine, when kGroupedB) the producer thread,
+//                      before tile t's loads: the k-block of B where tile t's
+//                      contraction starts. B then holds several [K, ...]
+//                      operands stacked along k (a grouped GEMM's experts, NN:
+//                      [E * K, N]), its TMA descriptor spans them all, and tile
+//                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
+//                      portable engine refuses it at compile time.
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
@@ -89,6 +96,7 @@ KOSMOS_DEVICE void async_proxy_fence() {
 
 KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
 KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
+KOSMOS_HOOK_FLAG(groups_b, kGroupedB)       // absent: every tile reads the Problem's B from k = 0
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 #undef KOSMOS_HOOK_FLAG
 

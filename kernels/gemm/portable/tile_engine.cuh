@@ -12,8 +12,8 @@
 // f16 and fp32 too), all arithmetic is fp32 FMA in ascending k, whatever the
 // hooks, so a fused kernel's tiles have the bits of the plain GEMM's.
 // Hooks it honours: before_tile, before_k, tile_done (kTileDone), row_ptr
-// (kMapsRows) and a_source (kSplitA); the Hopper epilogue's store-box and
-// trace hooks have no meaning here and are refused at compile time.
+// (kMapsRows) and a_source (kSplitA); the Hopper engine's store-box, trace and
+// grouped-B hooks have no meaning here and are refused at compile time.
 #pragma once
 #include <cstddef>
 
@@ -168,8 +168,8 @@ struct TileEngine {
   // fused kernels' CTA-wide roles follow).
   template <class Sched, class Hooks>
   static KOSMOS_DEVICE void run(const gemm::Problem& p, Smem& s, Sched& sched, Hooks& h) {
-    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks>,
-                  "store_box and tile_phase are Hopper epilogue hooks");
+    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks> && !gemm::groups_b_v<Hooks>,
+                  "store_box, tile_phase and b_kblock0 are Hopper engine hooks");
     for (;;) {
       if (threadIdx.x == 0) {
         gemm::TileCoord t{0, 0};

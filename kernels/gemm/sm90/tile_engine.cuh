@@ -60,10 +60,9 @@ struct TileEngine {
     __syncthreads();
   }
 
-  // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks
-  // with kSplitA may name another A for the tile (gemm/tile_hooks.h a_source:
-  // an [a_rows, K] matrix in parameter space, as TMA needs, at its tile row
-  // a_tile_m); one copy of the load loop serves both, the producer has 40 registers.
+  // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks may
+  // name another A (kSplitA a_source: [a_rows, K] in parameter space, at tile row
+  // a_tile_m) or B's first k-block (kGroupedB); one load loop: 40 registers.
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
     const typename P::TmaA* a = &p.tma_a;
     int a_rows = p.M, a_tile_m = t.m;
@@ -71,6 +70,8 @@ struct TileEngine {
       int r = 0, m = 0;
       if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, a_rows = r, a_tile_m = m;
     }
+    int b_kb0 = 0;
+    if constexpr (gemm::groups_b_v<Hooks>) b_kb0 = h.b_kblock0(t);
     const typename P::TmaA& tma_a = *a;
     Tensor gA =
         local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
@@ -87,7 +88,7 @@ struct TileEngine {
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
       copy(tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
-      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, k), tBs(_, ring.slot));
+      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
       ring.advance(kStages);
     }
   }

@@ -1,0 +1,88 @@
+// The MoE layer's expert GEMMs on the Hopper engine (sm_90a): one persistent
+// launch computes C = A . B[e] for every expert e at once, NN layout,
+//
+//   A [M, K]      rows expert-major (the receive arena's order), each expert's
+//                 segment padded to a multiple of kBM rows (moe/plan.h
+//                 plan_segments), so no tile row straddles two experts;
+//   B [E, K, N]   the experts' weights stacked along k: [E * K, N] row-major
+//                 (gate_up [E, H, 2 * I] for GEMM1 without its SwiGLU,
+//                 down [E, I, H] for GEMM2);
+//   C [M, N]      bf16, the rows of A's order;
+//   tile_expert   [M / kBM] the expert of each tile row.
+//
+// Each tile's B starts at k-block tile_expert[m] * K / kBK of the stacked
+// weights (gemm/tile_hooks.h b_kblock0): the engine, its tile order and its
+// epilogue are the plain GEMM's. This is the megakernel's GEMM stage and the
+// benchmark's floor (the expert GEMMs alone on pre-permuted rows).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "gemm/sm90/gemm_kernel.cuh"
+#include "gemm/tile_order.h"
+
+namespace kosmos::moe {
+
+struct GroupedHooks {
+  static constexpr bool kTileDone = false, kMapsRows = false, kGroupedB = true;
+  const int* tile_expert;  // [M / kBM], read once per tile by the producer thread
+  int kblocks;             // K / kBK: one expert's k-blocks
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
+  KOSMOS_DEVICE int b_kblock0(gemm::TileCoord t) const { return __ldg(tile_expert + t.m) * kblocks; }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_sm90(const __grid_constant__ sm90::Params<Cfg> p,
+                                                                      const int* tile_expert, int group) {
+  extern __shared__ char smem_raw[];
+  auto& s = sm90::shared_storage<Cfg>(smem_raw);
+  GroupedHooks hooks{tile_expert, p.K / Cfg::kBK};
+  const gemm::SwizzledOrder order{gemm::ceil_div(p.M, Cfg::kBM), gemm::ceil_div(p.N, Cfg::kBN), group};
+  gemm::StaticScheduler sched(order, blockIdx.x, gridDim.x);
+  sm90::TileEngine<Cfg, gemm::bf16, GroupedHooks>::run(p, s, sched, hooks);
+}
+
+// The problem's shape, or an empty string when the grouped GEMM can run it.
+template <class Cfg>
+const char* grouped_unsupported(int M, int N, int K, int experts) {
+  static_assert(Cfg::kLayout == gemm::Layout::NN, "experts' weights are [K, N] row-major");
+  if (M % Cfg::kBM) return "M (the padded rows) must be a multiple of the tile rows (128)";
+  if (K % Cfg::kBK) return "K must be a multiple of 64: each expert's weights start on a k-block";
+  if (N % 8) return "N must be a multiple of 8 (TMA rows of 16 bytes, the staged epilogue)";
+  if (experts < 1) return "at least one expert";
+  return "";
+}
+
+// Launches the grouped GEMM on `stream` with `grid` CTAs (<= 0: one per SM;
+// capped at the tile count). a [M, K], b [E, K, N], c [M, N] bf16;
+// tile_expert: device array [M / 128]. cudaErrorInvalidValue when
+// grouped_unsupported says why.
+template <class Cfg>
+cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N, int K,
+                                int experts, int grid, cudaStream_t stream) {
+  if (*grouped_unsupported<Cfg>(M, N, K, experts)) return cudaErrorInvalidValue;
+  int resident = 0;
+  auto kernel = grouped_gemm_sm90<Cfg>;
+  const int smem = (int)sm90::SharedStorage<Cfg>::kLaunchBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int dev = 0;
+  if (err == cudaSuccess) err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&resident, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  // B's descriptor spans every expert: [E * K, N] (engine terms: N rows of E * K, MN-major).
+  const auto* pa = static_cast<const sm90::bf16*>(a);
+  const auto* pb = static_cast<const sm90::bf16*>(b);
+  sm90::Params<Cfg> p{sm90::make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(pa, M, K, K),
+                      sm90::make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pb, N, experts * K, N),
+                      sm90::make_output_tma<Cfg>(c, M, N, N), c, M, N, K};
+  const int rows = M / Cfg::kBM, tiles = rows * gemm::ceil_div(N, Cfg::kBN);
+  if (tiles == 0) return cudaSuccess;  // no expert has a row
+  if (grid <= 0 || grid > resident) grid = resident;
+  grid = grid < tiles ? grid : tiles;
+  const int group = gemm::swizzle_group(rows, grid, Cfg::kBM, Cfg::kBN);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, tile_expert, group);
+  return cudaGetLastError();
+}
+
+}  // namespace kosmos::moe
