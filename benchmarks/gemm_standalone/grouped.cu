@@ -68,6 +68,7 @@ bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
   const bool pass = err.nonfinite == 0 && guard == 0 && same && rel < 1e-2 && std::isfinite(rel);
   printf("check grouped NN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d  rel=%.3e (tol 1e-02) unwritten=%llu guard=%llu "
          "deterministic=%d  %s\n", E, M, N, K, gc.grid, rel, err.nonfinite, guard, (int)same, pass ? "PASS" : "FAIL");
+  fflush(stdout);
   out.free(); again.free();
   CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(ref)); CK(cudaFree(te));
   return pass;

@@ -47,9 +47,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_sm90(const __gr
 template <class Cfg>
 const char* grouped_unsupported(int M, int N, int K, int experts) {
   static_assert(Cfg::kLayout == gemm::Layout::NN, "experts' weights are [K, N] row-major");
-  if (M % Cfg::kBM) return "M (the padded rows) must be a multiple of the tile rows (128)";
-  if (K % Cfg::kBK) return "K must be a multiple of 64: each expert's weights start on a k-block";
-  if (N % 8) return "N must be a multiple of 8 (TMA rows of 16 bytes, the staged epilogue)";
+  if (M < 0 || M % Cfg::kBM) return "M (the padded rows) must be a multiple of the tile rows (128)";
+  if (K <= 0 || K % Cfg::kBK) return "K must be a positive multiple of 64: each expert's weights start on a k-block";
+  if (N <= 0 || N % 8) return "N must be a positive multiple of 8 (TMA rows of 16 bytes, the staged epilogue)";
   if (experts < 1) return "at least one expert";
   return "";
 }
@@ -62,6 +62,7 @@ template <class Cfg>
 cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N, int K,
                                 int experts, int grid, cudaStream_t stream) {
   if (*grouped_unsupported<Cfg>(M, N, K, experts)) return cudaErrorInvalidValue;
+  if (M == 0) return cudaSuccess;  // no expert has a row (TMA cannot describe an empty matrix)
   int resident = 0;
   auto kernel = grouped_gemm_sm90<Cfg>;
   const int smem = (int)sm90::SharedStorage<Cfg>::kLaunchBytes;
@@ -77,7 +78,6 @@ cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int
                       sm90::make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pb, N, experts * K, N),
                       sm90::make_output_tma<Cfg>(c, M, N, N), c, M, N, K};
   const int rows = M / Cfg::kBM, tiles = rows * gemm::ceil_div(N, Cfg::kBN);
-  if (tiles == 0) return cudaSuccess;  // no expert has a row
   if (grid <= 0 || grid > resident) grid = resident;
   grid = grid < tiles ? grid : tiles;
   const int group = gemm::swizzle_group(rows, grid, Cfg::kBM, Cfg::kBN);
