@@ -14,7 +14,7 @@
 namespace bench {
 namespace {
 
-using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::NN, 128, 256, 3>;  // ops.matmul's 128x256
+using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;  // ops.matmul's 128x256
 
 struct GroupedCase {
   std::vector<int> rows;  // real rows per expert (each padded to 128)
@@ -53,7 +53,7 @@ bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
   CK(cudaMemsetAsync(ref, 0xFF, std::max<size_t>(1, (size_t)M * N) * 4, s));
   for (int e = 0; e < E; ++e)  // the oracle, one expert at a time over its padded rows
     if (start[e + 1] > start[e])
-      CK(portable_f32(kosmos::gemm::Layout::NN,
+      CK(portable_f32(kosmos::gemm::Layout::TN,
                       kosmos::gemm::Problem{a + (size_t)start[e] * K, b + (size_t)e * K * N, ref + (size_t)start[e] * N,
                                             start[e + 1] - start[e], N, K},
                       0, s));
@@ -66,7 +66,7 @@ bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
   const unsigned long long guard = out.guard_damage(s);
   const double rel = M ? std::sqrt(err.diff2 / err.ref2) : 0.0;
   const bool pass = err.nonfinite == 0 && guard == 0 && same && rel < 1e-2 && std::isfinite(rel);
-  printf("check grouped NN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d  rel=%.3e (tol 1e-02) unwritten=%llu guard=%llu "
+  printf("check grouped TN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d  rel=%.3e (tol 1e-02) unwritten=%llu guard=%llu "
          "deterministic=%d  %s\n", E, M, N, K, gc.grid, rel, err.nonfinite, guard, (int)same, pass ? "PASS" : "FAIL");
   fflush(stdout);
   out.free(); again.free();

@@ -55,8 +55,8 @@
 //  b_kblock0(t)        (Hopper engine, when kGroupedB) the producer thread,
 //                      before tile t's loads: the k-block of B where tile t's
 //                      contraction starts. B then holds several [K, ...]
-//                      operands stacked along k (a grouped GEMM's experts, NN:
-//                      [E * K, N]), its TMA descriptor spans them all, and tile
+//                      operands stacked along k (a grouped GEMM's experts,
+//                      x @ W[e]: [E * K, N]), its TMA descriptor spans them all, and tile
 //                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
 //                      portable engine refuses it at compile time.
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as

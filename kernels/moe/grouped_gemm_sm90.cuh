@@ -1,5 +1,6 @@
 // The MoE layer's expert GEMMs on the Hopper engine (sm_90a): one persistent
-// launch computes C = A . B[e] for every expert e at once, NN layout,
+// launch computes C = A @ B[e] for every expert e at once (the forward layout,
+// gemm::Layout::TN in gemm/tile_problem.h's terms),
 //
 //   A [M, K]      rows expert-major (the receive arena's order), each expert's
 //                 segment padded to a multiple of kBM rows (moe/plan.h
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) grouped_gemm_sm90(const __gr
 // The problem's shape, or an empty string when the grouped GEMM can run it.
 template <class Cfg>
 const char* grouped_unsupported(int M, int N, int K, int experts) {
-  static_assert(Cfg::kLayout == gemm::Layout::NN, "experts' weights are [K, N] row-major");
+  static_assert(Cfg::kLayout == gemm::Layout::TN, "x @ W: the experts' weights are [K, N] row-major (B MN-major)");
   if (M < 0 || M % Cfg::kBM) return "M (the padded rows) must be a multiple of the tile rows (128)";
   if (K <= 0 || K % Cfg::kBK) return "K must be a positive multiple of 64: each expert's weights start on a k-block";
   if (N <= 0 || N % 8) return "N must be a positive multiple of 8 (TMA rows of 16 bytes, the staged epilogue)";
