@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
@@ -18,3 +20,20 @@ def build(tmp_path, source: str, *extra_flags: str, name: str = "emu") -> str:
   r = subprocess.run(cmd, capture_output=True, text=True)
   assert r.returncode == 0, f"compile failed: {' '.join(cmd)}\n{r.stderr}"
   return exe
+
+
+def sm90_cubin(tmp_path, source: str) -> str:
+  """Compile tests/host/<source> as sm_90a device code with ptxas's report; returns
+  that report (stderr). Skips without nvcc, unless CI requires the check
+  (KOSMOS_REQUIRE_SM90_CHECK=1), where a missing nvcc fails."""
+  nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
+  if nvcc is None:
+    if os.environ.get("KOSMOS_REQUIRE_SM90_CHECK", "") not in ("", "0"):
+      pytest.fail("KOSMOS_REQUIRE_SM90_CHECK=1 but nvcc is missing")
+    pytest.skip("nvcc not available")
+  cmd = [nvcc, "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
+         "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
+         "-o", str(tmp_path / "device.cubin"), os.path.join(ROOT, "tests", "host", source)]
+  r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+  return r.stderr

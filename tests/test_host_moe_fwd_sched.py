@@ -10,16 +10,11 @@ The driver, tests/host/moe_fwd_sched_emu.cc, computes small integer-valued
 items and releases, every read after the flag that publishes it, the mode every
 rank agrees on and the arena it fits, and no deadlock (bounded waits trap,
 naming the flag). A second check compiles the schedule as sm_90a device code."""
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from host_build import CXX, ROOT, build
-
-REQUIRE_NVCC = os.environ.get("KOSMOS_REQUIRE_SM90_CHECK", "") not in ("", "0")
-DEVICE_TU = os.path.join(ROOT, "tests", "host", "moe_fwd_sched_kernel.cu")
+from host_build import CXX, build, sm90_cubin
 
 
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++/c++/clang++) found")
@@ -33,15 +28,6 @@ def test_moe_forward_scheduler_emulated(tmp_path):
 def test_moe_forward_schedule_compiles_as_sm90_device_code(tmp_path):
   """moe_fwd_cta over a device Ops (tests/host/moe_fwd_sched_kernel.cu) compiles for
   sm_90a without spills."""
-  nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
-  if nvcc is None:
-    if REQUIRE_NVCC:
-      pytest.fail("KOSMOS_REQUIRE_SM90_CHECK=1 but nvcc is missing")
-    pytest.skip("nvcc not available")
-  cmd = [nvcc, "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
-         "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
-         "-o", str(tmp_path / "moe_fwd_sched.cubin"), DEVICE_TU]
-  r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-  assert "moe_fwd_check_kernel" in r.stderr, r.stderr[-3000:]
-  assert "0 bytes spill stores, 0 bytes spill loads" in r.stderr, r.stderr[-3000:]
+  report = sm90_cubin(tmp_path, "moe_fwd_sched_kernel.cu")
+  assert "moe_fwd_check_kernel" in report, report[-3000:]
+  assert "0 bytes spill stores, 0 bytes spill loads" in report, report[-3000:]

@@ -13,7 +13,6 @@ divides. Two more checks compile the same headers as device code: sm_90a with nv
 and gfx90a/gfx942/gfx950 with the HIP code-generation check's toolchains."""
 import functools
 import os
-import shutil
 import subprocess
 import sys
 
@@ -24,7 +23,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from helpers import assert_close
-from host_build import CXX, ROOT, build
+from host_build import CXX, ROOT, build, sm90_cubin
 from kosmos_jax.reference import moe, moe_router
 from kosmos_jax.reference.moe_config import PRESETS, MoEConfig
 
@@ -35,7 +34,6 @@ T = 203                              # tokens: prime, so no block size below div
 ROUTE_BLOCK = 16                     # tokens per routing block (aux partial sums)
 BLOCKS = (1, 7, 64, T, T + 5)        # plan block sizes: 1, non-divisors, one block, more than t
 TILE = 128                           # the driver's padded segment tile (start128)
-REQUIRE_NVCC = os.environ.get("KOSMOS_REQUIRE_SM90_CHECK", "") not in ("", "0")
 REQUIRE_HIP = os.environ.get("KOSMOS_REQUIRE_HIP", "") not in ("", "0")
 DEVICE_TU = os.path.join(ROOT, "tests", "host", "moe_route_plan_kernel.cu")
 DEVICE_KERNELS = {"route_check_kernel", "prob_sum_check_kernel", "plan_histogram_check_kernel",
@@ -161,19 +159,10 @@ def test_route_and_plan_match_the_twin(driver, tmp_path, name, kind):
 def test_stages_compile_as_sm90_device_code(tmp_path):
   """The headers as device code (tests/host/moe_route_plan_kernel.cu): they compile
   for sm_90a, and the route kernel keeps everything in registers (no stack frame)."""
-  nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
-  if nvcc is None:
-    if REQUIRE_NVCC:
-      pytest.fail("KOSMOS_REQUIRE_SM90_CHECK=1 but nvcc is missing")
-    pytest.skip("nvcc not available")
-  cmd = [nvcc, "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
-         "-I", os.path.join(ROOT, "kernels", "include"), "-I", os.path.join(ROOT, "kernels"),
-         "-o", str(tmp_path / "moe_route_plan.cubin"), DEVICE_TU]
-  r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-  frames = [line for line in r.stderr.splitlines() if "stack frame" in line]
+  report = sm90_cubin(tmp_path, "moe_route_plan_kernel.cu")
+  frames = [line for line in report.splitlines() if "stack frame" in line]
   assert len(frames) == len(DEVICE_KERNELS) and all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in frames), \
-      r.stderr[-3000:]
+      report[-3000:]
 
 
 def test_stages_compile_as_amdgpu_code(tmp_path):
