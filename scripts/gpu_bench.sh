@@ -22,6 +22,7 @@
 #              LAYOUTS=TN,NN,NT, TILE (KOSMOS_SM90_TILE for our arm, e.g. 128x192),
 #              NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN), TESTS=tests/gpu/test_matmul.py|none
 #   engine     SHAPES=quick|all|none, ALL_TILES=1 (every tile shape alone), BENCH_TIMEOUT=300,
+#              GROUPED=1 (also time the MoE expert GEMMs on the presets: the MoE floor),
 #              CUTLASS_INCLUDE=DIR (default: the nvidia-cutlass package, or the wheel in .whl/),
 #              BUILD_DIR=build/gemm_standalone
 #   tp_sp      TESTS=... (default: loopback, the push tests, then the fused suites), SHAPES=all,
@@ -139,6 +140,8 @@ bench_engine() {
   nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/env.log" 2>&1
   timeout 180 "$build/gemm_bench" check 2>&1 | tee "$OUT/check.log"
   local check_rc=${PIPESTATUS[0]}
+  # The MoE expert GEMMs on every preset's balanced rows: the MoE benchmark's floor.
+  [ "${GROUPED:-0}" = 1 ] && timeout 300 "$build/gemm_bench" bench-grouped 2>&1 | tee "$OUT/grouped.log"
   [ "$shapes" = none ] && exit $check_rc
   # Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.
   if [ "$shapes" = quick ]; then grep -E "MBS[12] " $src/paper_shapes.txt; else cat $src/paper_shapes.txt; fi > "$build/shapes.txt"

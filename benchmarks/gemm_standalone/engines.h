@@ -36,6 +36,8 @@ inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kos
 // The MoE expert GEMMs (kernels/moe/grouped_gemm_sm90.cuh) against the portable
 // oracle, expert by expert (grouped.cu); returns the number of failed cases.
 int check_grouped(cudaStream_t s);
+// Times them on every MoE preset's balanced rows: the MoE benchmark's floor (grouped.cu).
+int bench_grouped(cudaStream_t s);
 
 // Portable oracle, fp32 output.
 cudaError_t portable_f32(kosmos::gemm::Layout l, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);

@@ -94,4 +94,61 @@ int check_grouped(cudaStream_t s) {
   return fails;
 }
 
+// The MoE floor (DESIGN.md §7): the expert GEMMs alone on pre-permuted, balanced
+// rows, t = 8192 tokens per GPU, EP = 1, every preset's shapes: GEMM1 (gate and
+// up, N = 2I, K = H; its SwiGLU not included) and GEMM2 (N = H, K = I), plus the
+// shared expert's two GEMMs over all t rows where the preset has one. Each
+// expert's t * k / E rows are padded to 128 (Maverick's 64 rows fill half a
+// tile). TFLOP/s count the routed FLOPs 2 t k 3 H I (and 2 t 3 H I_s), not
+// the padding. CUDA events, median of 20 calls after 3 warm-ups; every operand
+// is far larger than L2.
+int bench_grouped(cudaStream_t s) {
+  struct Preset {
+    const char* name;
+    int E, k, H, I, Is;
+  };
+  const Preset presets[] = {{"Qwen3-30B-A3B", 128, 8, 2048, 768, 0}, {"Qwen3-235B-A22B", 128, 8, 4096, 1536, 0},
+                            {"DeepSeek-V3", 256, 8, 7168, 2048, 2048}, {"Llama4-Scout", 16, 1, 5120, 8192, 8192},
+                            {"Llama4-Maverick", 128, 1, 5120, 8192, 8192}};
+  const int t = 8192;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  // One GEMM's median ms: a [M, K] @ b [E, K, N] with each expert's rows in `per` padded rows.
+  auto time_gemm = [&](int E, int per, int N, int K) {
+    const int M = E * per;
+    __nv_bfloat16 *a, *b, *c;
+    int* te;
+    CK(cudaMalloc(&a, (size_t)M * K * 2)); CK(cudaMalloc(&b, (size_t)E * K * N * 2)); CK(cudaMalloc(&c, (size_t)M * N * 2));
+    std::vector<int> tile_expert;
+    for (int e = 0; e < E; ++e) tile_expert.insert(tile_expert.end(), per / 128, e);
+    CK(cudaMalloc(&te, tile_expert.size() * sizeof(int)));
+    CK(cudaMemcpy(te, tile_expert.data(), tile_expert.size() * sizeof(int), cudaMemcpyHostToDevice));
+    fill_random<<<1024, 256, 0, s>>>(a, (size_t)M * K, 11);
+    fill_random<<<1024, 256, 0, s>>>(b, (size_t)E * K * N, 12);
+    auto call = [&] { CK(kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c, te, M, N, K, E, 0, s)); };
+    for (int i = 0; i < 3; ++i) call();
+    std::vector<float> ms(20);
+    for (float& m : ms) {
+      CK(cudaEventRecord(e0, s)); call(); CK(cudaEventRecord(e1, s));
+      CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(c)); CK(cudaFree(te));
+    return (double)ms[ms.size() / 2];
+  };
+  printf("| preset | rows/expert (padded) | GEMM1 ms | GEMM2 ms | routed TFLOP/s | shared ms | all TFLOP/s |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Preset& p : presets) {
+    const int rows = t * p.k / p.E, per = (rows + 127) / 128 * 128;
+    const double g1 = time_gemm(p.E, per, 2 * p.I, p.H), g2 = time_gemm(p.E, per, p.H, p.I);
+    const double sh = p.Is ? time_gemm(1, t, 2 * p.Is, p.H) + time_gemm(1, t, p.H, p.Is) : 0.0;
+    const double routed = 2.0 * t * p.k * 3.0 * p.H * p.I, shared = 2.0 * t * 3.0 * p.H * p.Is;
+    printf("| %s | %d (%d) | %.3f | %.3f | %.0f | %.3f | %.0f |\n", p.name, rows, per, g1, g2,
+           routed / (g1 + g2) * 1e-9, sh, (routed + shared) / (g1 + g2 + sh) * 1e-9);
+    fflush(stdout);
+  }
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  return 0;
+}
+
 }  // namespace bench
