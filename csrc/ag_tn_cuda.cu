@@ -109,9 +109,9 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
         name + ": transport='push' needs the Hopper builders (bf16 on a compute-capability-9.0 GPU, "
         "16-byte aligned operands, k and n multiples of 8, KOSMOS_FUSED_BUILDERS unset); these inputs run the "
         "portable builders, which support transport='pull' only");
-  const int64_t tile_rows = (rows + portable::kBM - 1) / portable::kBM;
+  const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
   // The Hopper builders read every shard as whole 128-row tiles of one matrix.
-  const size_t slot = ag_slot_bytes(sm90 ? tile_rows * portable::kBM : rows, K, es);
+  const size_t slot = ag_slot_bytes(sm90 ? tile_rows * kTileRows : rows, K, es);
   const int tile_n = sm90 ? ag_tn_sm90_tile_n() : portable::kBN;
   if (a.y_bytes != (size_t)(rows * tp * N) * es)
     return ffi::Error::InvalidArgument(name + ": output has " + std::to_string(a.y_bytes) + " bytes, want " +
@@ -122,7 +122,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
         std::to_string((kHeapDataOffset + tp * slot + (1u << 20) - 1) >> 20) + " MiB of heap (have " +
         std::to_string(g.heap_bytes >> 20) + " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) "
         "before the first kosmos op) and at most " +
-        std::to_string(kMaxTileRows * portable::kBM) + " rows");
+        std::to_string(kMaxTileRows * kTileRows) + " rows");
   if (reinterpret_cast<uintptr_t>(a.x) % kVecBytes)
     return ffi::Error::InvalidArgument(name + ": the gathered input is not 16-byte aligned");
   const int grid = fused_grid(a.cu_cap, g);

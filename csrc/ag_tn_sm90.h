@@ -6,7 +6,8 @@
 
 #include <string>
 
-#include "tp/ag_gemm.cuh"
+#include "kosmos/types.h"
+#include "tp/ag_ops.cuh"
 
 namespace kosmos {
 

@@ -51,12 +51,12 @@ std::string check(const BulkAgArgs& a, size_t es, const GroupInfo& g, size_t slo
     return op + ": x rows of k=" + std::to_string(a.K) + " elements (" + std::to_string(a.K * es) +
            " bytes) must be a multiple of 16 bytes";
   if (reinterpret_cast<uintptr_t>(a.x) % kVecBytes) return op + ": x is not 16-byte aligned";
-  const int64_t tile_rows = (a.rows + portable::kBM - 1) / portable::kBM;
+  const int64_t tile_rows = (a.rows + kTileRows - 1) / kTileRows;
   if (tile_rows > kMaxTileRows || kHeapDataOffset + a.tp * slot > g.heap_bytes)
     return op + ": " + std::to_string(a.rows) + " local rows x k=" + std::to_string(a.K) + " need " +
            std::to_string((kHeapDataOffset + a.tp * slot + (1u << 20) - 1) >> 20) + " MiB of heap (have " +
            std::to_string(g.heap_bytes >> 20) + " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) "
-           "before the first kosmos op) and at most " + std::to_string(kMaxTileRows * portable::kBM) + " rows";
+           "before the first kosmos op) and at most " + std::to_string(kMaxTileRows * kTileRows) + " rows";
   return "";
 }
 
@@ -107,7 +107,7 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
     p.g_out = static_cast<T*>(a.xg);
     for (int r = 0; r < a.tp; ++r) p.heap[r] = g.heaps[r];
     p.rank = g.rank; p.tp = (int)a.tp; p.m_local = (int)a.m_local; p.rows = (int)a.rows; p.K = (int)a.K;
-    p.shape = AgShape{(int)a.tp, g.rank, (int)((a.rows + portable::kBM - 1) / portable::kBM), 1, 1};
+    p.shape = AgShape{(int)a.tp, g.rank, (int)((a.rows + kTileRows - 1) / kTileRows), 1, 1};
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);

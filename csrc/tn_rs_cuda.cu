@@ -55,7 +55,7 @@ std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() { return engi
 // hence not the default (kosmos_jax/config.py rs_band_rows). Reduce items are
 // single tiles (reducers balance at tile grain).
 static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n, int band_rows) {
-  const int T = (int)((rows + portable::kBM - 1) / portable::kBM);
+  const int T = (int)((rows + kTileRows - 1) / kTileRows);
   const int NT = (int)((N + tile_n - 1) / tile_n);
   const int R = std::max((T + kRsMaxBands - 1) / kRsMaxBands, std::min(band_rows, T));
   return RsShape{tp, rank, T, NT, R, 1};
@@ -99,7 +99,7 @@ ffi::Error tn_rs_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   if (rows == 0 || N == 0) return ffi::Error::Success();  // every rank skips alike: epochs stay in step
   // Hopper builders also need chunks of whole 128-row tiles: a TMA tile of x
   // never straddles two ranks' chunks.
-  const bool sm90 = rows % portable::kBM == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
+  const bool sm90 = rows % kTileRows == 0 && hopper_builders_apply(dt, tn_rs_sm90_ready(ordinal), K, N,
                                                                        a.x, a.w, a.y);
   const int tile_n = sm90 ? tn_rs_sm90_tile_n() : portable::kBN;
   // One rank moves nothing: it runs the pull kernel, whatever was asked.

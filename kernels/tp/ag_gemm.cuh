@@ -27,19 +27,6 @@
 
 namespace kosmos {
 
-// Both engines' row_ptr hook (gemm/tile_hooks.h) over AG's tile rows: engine
-// row r of tile t (shard src = t.m / T, flattened local row lr) goes to row
-// (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
-// gathered [batch, tp * m_local, N] output h.y; rows past the shard's end to
-// nowhere (nullptr).
-template <class OutT, class Hooks>
-KOSMOS_DEVICE OutT* ag_row_ptr(const Hooks& h, gemm::TileCoord t, int r) {
-  const int src = t.m / h.T;
-  const int lr = r - src * h.T * portable::kBM;
-  if (lr >= h.rows) return nullptr;
-  return reinterpret_cast<OutT*>(h.y) + ag_gathered_row(src, lr, h.tp, h.m_local) * h.N;
-}
-
 // The portable kernels' shared state: the engine's, and the claims' broadcast cell.
 struct AgShared {
   portable::EngineSmem tile;
@@ -96,7 +83,7 @@ struct AgHooks {
 template <typename T, AgOp kOp>
 struct AgOps : AgDeviceOps<T, AgShared, Pull, kOp> {
   using Engine = portable::TileEngine<kOp == AgOp::kNn ? gemm::Layout::NN : gemm::Layout::TN, T, T>;
-  static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "AgShape's tiles are the engine's");
+  static_assert(Engine::kBM == kTileRows && Engine::kBN == portable::kBN, "AgShape's tiles are the engine's");
 
   KOSMOS_DEVICE void build_all() {
     const TraceSpan span;

@@ -21,7 +21,8 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "kosmos/pull.h"
 #include "kosmos/push.h"
-#include "tp/ag_gemm.cuh"
+#include "kosmos/types.h"
+#include "tp/ag_ops.cuh"
 
 namespace kosmos {
 
@@ -88,9 +89,9 @@ struct AgSm90Hooks {
       return own;
     }
     if (out == nullptr) return nullptr;
-    const int lr = tr * portable::kBM, b = lr / m_local;
+    const int lr = tr * kTileRows, b = lr / m_local;
     *a_rows = rows * tp;
-    *tile_m = (((b * tp + src) * m_local) + lr - b * m_local) / portable::kBM;
+    *tile_m = (((b * tp + src) * m_local) + lr - b * m_local) / kTileRows;
     return out;
   }
 
@@ -102,7 +103,7 @@ struct AgSm90Hooks {
 
 template <class Cfg, class Tr>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __grid_constant__ AgSm90Params<Cfg> p) {
-  static_assert(Cfg::kBM == portable::kBM, "moves and builds share the 128-row tile row");
+  static_assert(Cfg::kBM == kTileRows, "moves and builds share the 128-row tile row");
   extern __shared__ char smem_raw[];
   __shared__ AgSm90Shared sm;
   auto& s = sm90::shared_storage<Cfg>(smem_raw);

@@ -16,7 +16,10 @@
 namespace kosmos {
 
 constexpr int kMaxRanks = 8;
-constexpr int kMaxTileRows = 4096;  // per shard: 4096 x 128 = 512K local rows
+// Rows of one tile row in every TP+SP schedule: the movers' unit of rows, the
+// flags' and the staging's, and both engines' kBM (their kernels assert it).
+constexpr int kTileRows = 128;
+constexpr int kMaxTileRows = 4096;  // per shard: 4096 x kTileRows = 512K local rows
 
 struct AgCtrl {
   uint64_t epoch;          // last epoch this device completed (kernel-advanced)

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gemm/portable/tile_engine.cuh"
 #include "gemm/tile_problem.h"
 #include "kosmos/cta.h"
 #include "kosmos/platform.h"
@@ -87,8 +86,8 @@ constexpr int kMoveInFlight = 8;
 // Bytes of tile row t of a shard: rows [t*BM, min((t+1)*BM, rows)).
 template <typename T>
 KOSMOS_DEVICE void row_range(const AgParams<T>& p, int t, size_t* off, size_t* bytes) {
-  const size_t r0 = (size_t)t * portable::kBM;
-  size_t r1 = r0 + portable::kBM;
+  const size_t r0 = (size_t)t * kTileRows;
+  size_t r1 = r0 + kTileRows;
   if (r1 > (size_t)p.rows) r1 = p.rows;
   *off = r0 * p.K * sizeof(T);
   *bytes = (r1 - r0) * p.K * sizeof(T);
@@ -137,8 +136,8 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::land(char* slot_dst, const c
   row_range(p, t, &off, &bytes);
   if constexpr (kOp == AgOp::kTn) return cta_copy16<kMoveInFlight>(slot_dst + off, from + off, bytes);
   const size_t rb = (size_t)p.K * sizeof(T);
-  const int r1 = min((t + 1) * portable::kBM, p.rows);
-  for (int g = t * portable::kBM; g < r1;) {
+  const int r1 = min((t + 1) * kTileRows, p.rows);
+  for (int g = t * kTileRows; g < r1;) {
     const int b = g / p.m_local, e = min(r1, (b + 1) * p.m_local);
     char* out = reinterpret_cast<char*>(p.g_out) + ag_gathered_row(src, g, p.tp, p.m_local) * rb;
     cta_copy16_to<kMoveInFlight, true>(out, slot_dst ? slot_dst + g * rb : nullptr, from + g * rb, (e - g) * rb);
@@ -202,5 +201,18 @@ struct AgSched {
     return true;
   }
 };
+
+// Both engines' row_ptr hook (gemm/tile_hooks.h) over AG's tile rows: engine
+// row r of tile t (shard src = t.m / T, flattened local row lr) goes to row
+// (lr / m_local) * (tp * m_local) + src * m_local + lr % m_local of the
+// gathered [batch, tp * m_local, N] output h.y; rows past the shard's end to
+// nowhere (nullptr).
+template <class OutT, class Hooks>
+KOSMOS_DEVICE OutT* ag_row_ptr(const Hooks& h, gemm::TileCoord t, int r) {
+  const int src = t.m / h.T;
+  const int lr = r - src * h.T * kTileRows;
+  if (lr >= h.rows) return nullptr;
+  return reinterpret_cast<OutT*>(h.y) + ag_gathered_row(src, lr, h.tp, h.m_local) * h.N;
+}
 
 }  // namespace kosmos

@@ -37,7 +37,7 @@ namespace kosmos {
 // One staged fp32 partial tile: kBM x tile_n (the builders' tile width), row-major.
 // Rows and columns past the problem are never written (the engines skip them)
 // nor read back.
-KOSMOS_HD inline size_t rs_tile_elems(int tile_n) { return (size_t)portable::kBM * tile_n; }
+KOSMOS_HD inline size_t rs_tile_elems(int tile_n) { return (size_t)kTileRows * tile_n; }
 
 // elem_bytes: 4 for fp32 staging, 2 for bf16 (Hopper builders only).
 KOSMOS_HD inline size_t rs_stage_bytes(const RsShape& s, int tile_n, int elem_bytes = 4) {
@@ -149,8 +149,8 @@ KOSMOS_DEVICE void RsDeviceOps<T, Tr, Shared>::reduce(const RsSlice& sl) {
   for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
     const int slot = rs_stage_slot(s, sl.band, p.rank, k);
     const int bn = p.tile_n;
-    const int row0 = (sl.band * s.R + k / s.NT) * portable::kBM, col0 = (k % s.NT) * bn;
-    const int rows = min(portable::kBM, p.rows - row0), cols = min(bn, p.N - col0);
+    const int row0 = (sl.band * s.R + k / s.NT) * kTileRows, col0 = (k % s.NT) * bn;
+    const int rows = min(kTileRows, p.rows - row0), cols = min(bn, p.N - col0);
     auto inside = [=](uint32_t i) { return (int)(i / bn) < rows && (int)(i % bn) < cols; };
     auto src = [&](int r, uint32_t i) { return inside(i) ? load_cg_elem(stage(r, slot) + i) : 0.f; };
     auto dst = [&](uint32_t i, float sum) {
@@ -235,8 +235,8 @@ struct RsHooks {
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
     static_assert(std::is_same_v<OutT, float>, "partials are staged in fp32");
-    const int in_tile = r - t.m * portable::kBM;
-    if ((t.m % s.T) * portable::kBM + in_tile >= rows) return nullptr;  // past the chunk: never read
+    const int in_tile = r - t.m * kTileRows;
+    if ((t.m % s.T) * kTileRows + in_tile >= rows) return nullptr;  // past the chunk: never read
     return tile_of(t) + (ptrdiff_t)(in_tile - t.n) * tile_n;
   }
   // Thread 0, after the engine's barrier over every thread's stores of the
@@ -257,7 +257,7 @@ struct RsHooks {
 template <typename T>
 struct RsOps : RsDeviceOps<T, Pull> {
   using Engine = portable::TileEngine<gemm::Layout::TN, float, T>;
-  static_assert(Engine::kBM == portable::kBM && Engine::kBN == portable::kBN, "RsShape's tiles are the engine's");
+  static_assert(Engine::kBM == kTileRows && Engine::kBN == portable::kBN, "RsShape's tiles are the engine's");
 
   // The staging guard is taken once, CTA-wide, before the first tile: it only
   // waits on the previous launch's readers, never on this epoch.

@@ -111,7 +111,7 @@ struct RsSm90Hooks {
   // folded tile's rows are Y's: chunk-local row, N wide.
   template <class OutT>
   KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord t, int r) const {
-    const int in_tile = r - t.m * portable::kBM, row = (t.m % s.T) * portable::kBM + in_tile;
+    const int in_tile = r - t.m * kTileRows, row = (t.m % s.T) * kTileRows + in_tile;
     if (row >= rows) return nullptr;  // past the chunk: never read
     static_assert(sizeof(OutT) == sizeof(StageT), "the engine stores the staging type");
     if (combines(t)) return reinterpret_cast<OutT*>(rs->y + (size_t)row * rs->N);
@@ -125,7 +125,7 @@ struct RsSm90Hooks {
   KOSMOS_DEVICE sm90::StoreBox<TmaC> store_box(gemm::TileCoord t) const {
     if (combines(t)) return {&maps->y_map, rows, rs->N, t.m % s.T, t.n * tile_n};
     const Slot at = slot_of(t);
-    return {&maps->stage_map[at.home], s.tp * s.T * s.NT * portable::kBM, tile_n, at.slot, 0};
+    return {&maps->stage_map[at.home], s.tp * s.T * s.NT * kTileRows, tile_n, at.slot, 0};
   }
 
 #ifdef KOSMOS_TRACE
@@ -176,7 +176,7 @@ struct RsSm90Hooks {
   // combines, so tp == 2 and the peer is 1 - rank): the peer's partial, pushed
   // into our staging, read through our staging's map.
   KOSMOS_DEVICE sm90::LoadBox prefetch_box(gemm::TileCoord t) const {
-    return {maps->stage_map[rank].get_tma_descriptor(), staged_slot(t, 1 - rank) * portable::kBM, 0};
+    return {maps->stage_map[rank].get_tma_descriptor(), staged_slot(t, 1 - rank) * kTileRows, 0};
   }
 
   // The fold's terms (gemm/tile_hooks.h combine): every rank's partial of tile
@@ -240,7 +240,7 @@ struct RsSm90Ops : RsDeviceOps<bf16_t, Tr, RsSm90Shared> {
 
 template <class Cfg, class StageT, class Tr>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) tn_rs_sm90_kernel(const __grid_constant__ RsSm90Params<Cfg> p) {
-  static_assert(Cfg::kBM == portable::kBM, "staging and reduction use 128-row tiles");
+  static_assert(Cfg::kBM == kTileRows, "staging and reduction use 128-row tiles");
   extern __shared__ char smem_raw[];
   __shared__ RsSm90Shared sm;
   auto& s = sm90::shared_storage<Cfg>(smem_raw);

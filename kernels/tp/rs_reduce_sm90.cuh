@@ -31,10 +31,10 @@ struct RsSm90Reduce {
     const TraceSpan span;
     const RsParams<bf16_t>& a = ops.p;
     const RsShape& sh = a.shape;
-    const int per_row = a.tile_n / kVec, groups = portable::kBM * per_row;
+    const int per_row = a.tile_n / kVec, groups = kTileRows * per_row;
     const int step = blockDim.x * kGroups;
     for (int k = sl.k0; k < sl.k0 + sl.n; ++k) {
-      const int row0 = (sl.band * sh.R + k / sh.NT) * portable::kBM, col0 = (k % sh.NT) * a.tile_n;
+      const int row0 = (sl.band * sh.R + k / sh.NT) * kTileRows, col0 = (k % sh.NT) * a.tile_n;
       // Rank src's partial of this tile (pull: in src's staging; push: pushed into ours).
       auto partial = [&](int src) {
         const RsStaged h = rs_staged<Tr>(src, a.rank);
