@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "tp/gemm_rs.cuh"
+#include "tp/rs_ops.cuh"
 
 namespace kosmos {
 

@@ -24,7 +24,7 @@
 #include "gemm/sm90/tile_engine.cuh"
 #include "kosmos/pull.h"
 #include "kosmos/push.h"
-#include "tp/gemm_rs.cuh"
+#include "tp/rs_ops.cuh"
 #include "tp/rs_fold_sm90.cuh"
 #include "tp/rs_reduce_sm90.cuh"
 

@@ -7,7 +7,7 @@
 
 #include <cute/config.hpp>
 
-#include "tp/gemm_rs.cuh"
+#include "tp/rs_ops.cuh"
 
 namespace kosmos {
 
