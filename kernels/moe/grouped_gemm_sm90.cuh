@@ -65,13 +65,8 @@ cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int
   if (*grouped_unsupported<Cfg>(M, N, K, experts)) return cudaErrorInvalidValue;
   if (M == 0) return cudaSuccess;  // no expert has a row (TMA cannot describe an empty matrix)
   int resident = 0;
-  auto kernel = grouped_gemm_sm90<Cfg>;
-  const int smem = (int)sm90::SharedStorage<Cfg>::kLaunchBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  int dev = 0;
-  if (err == cudaSuccess) err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&resident, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return err;
+  if (cudaError_t err = sm90::prepare_persistent<Cfg, grouped_gemm_sm90<Cfg>>(&resident); err != cudaSuccess)
+    return err;
   // B's descriptor spans every expert: [E * K, N] (engine terms: N rows of E * K, MN-major).
   const auto* pa = static_cast<const sm90::bf16*>(a);
   const auto* pb = static_cast<const sm90::bf16*>(b);
@@ -82,7 +77,8 @@ cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int
   if (grid <= 0 || grid > resident) grid = resident;
   grid = grid < tiles ? grid : tiles;
   const int group = gemm::swizzle_group(rows, grid, Cfg::kBM, Cfg::kBN);
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, tile_expert, group);
+  const size_t smem = sm90::SharedStorage<Cfg>::kLaunchBytes;
+  grouped_gemm_sm90<Cfg><<<grid, Cfg::kThreads, smem, stream>>>(p, tile_expert, group);
   return cudaGetLastError();
 }
 

@@ -108,6 +108,25 @@ KOSMOS_HD inline float group_score(const float* score, const float* bias, const 
   return rank_key(a + b);
 }
 
+// One pass of the k-pass selection: among candidates i < n that `eligible(i)`,
+// the best (value(i), i) that ranks after the previous pick (prev_v, prev_i);
+// -1 if none. Its value goes to *best_v, for the next pass's prev_v.
+template <class Value, class Eligible>
+KOSMOS_HD int pick_after(int n, const Value& value, const Eligible& eligible, float prev_v, int prev_i,
+                         float* best_v) {
+  int best_i = -1;
+  *best_v = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (!eligible(i)) continue;
+    const float v = value(i);
+    if (ranks_before(prev_v, prev_i, v, i) && (best_i < 0 || ranks_before(v, i, *best_v, best_i))) {
+      *best_v = v;
+      best_i = i;
+    }
+  }
+  return best_i;
+}
+
 // Bit g set: group g is eligible (bit 0, the one group, without a group limit). Group
 // scores are recomputed per pass (topk_groups * E reads) rather than kept in
 // a G-entry array that a GPU would put in local memory.
@@ -117,18 +136,11 @@ KOSMOS_HD inline uint64_t kept_groups(const float* score, const float* bias, con
   float prev_v = INFINITY;
   int prev_g = -1;
   for (int pass = 0; pass < c.topk_groups; ++pass) {
-    float best_v = -INFINITY;
-    int best_g = -1;
-    for (int g = 0; g < c.n_groups; ++g) {
-      const float v = group_score(score, bias, c, g);
-      if (ranks_before(prev_v, prev_g, v, g) && (best_g < 0 || ranks_before(v, g, best_v, best_g))) {
-        best_v = v;
-        best_g = g;
-      }
-    }
-    kept |= 1ull << best_g;
-    prev_v = best_v;
-    prev_g = best_g;
+    const int g = pick_after(
+        c.n_groups, [&](int i) { return group_score(score, bias, c, i); }, [](int) { return true; }, prev_v,
+        prev_g, &prev_v);
+    kept |= 1ull << g;
+    prev_g = g;
   }
   return kept;
 }
@@ -141,19 +153,10 @@ KOSMOS_HD inline void select_experts(const float* score, const float* bias, cons
   float prev_v = INFINITY;
   int prev_e = -1;
   for (int j = 0; j < c.top_k; ++j) {
-    float best_v = -INFINITY;
-    int best_e = -1;
-    for (int e = 0; e < c.num_experts; ++e) {
-      if (!((kept >> (e / per)) & 1)) continue;
-      const float v = choice(score, bias, c, e);
-      if (ranks_before(prev_v, prev_e, v, e) && (best_e < 0 || ranks_before(v, e, best_v, best_e))) {
-        best_v = v;
-        best_e = e;
-      }
-    }
-    idx[j] = best_e;
-    prev_v = best_v;
-    prev_e = best_e;
+    prev_e = pick_after(
+        c.num_experts, [&](int e) { return choice(score, bias, c, e); },
+        [&](int e) { return ((kept >> (e / per)) & 1) != 0; }, prev_v, prev_e, &prev_v);
+    idx[j] = prev_e;
   }
 }
 

@@ -26,25 +26,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) persistent_gemm(const __grid
 
 constexpr int kMaxDevices = 64;
 
-// Once per (instantiation, device): raises the kernel's dynamic shared-memory
-// limit on the current device (which also loads its module there) and returns
-// in *ctas the most CTAs resident at once, one per SM. Function attributes are
-// per device, so the cache is too; racing first calls both set the same
-// attribute, harmlessly.
-template <class Cfg, class OutT>
-cudaError_t prepare_gemm(int* ctas) {
+// Once per (kernel, device): raises kKernel's dynamic shared-memory limit to
+// what Cfg's engine needs on the current device (which also loads its module
+// there) and returns in *ctas the most CTAs resident at once, one per SM.
+// Function attributes are per device, so the cache is too; racing first calls
+// both set the same attribute, harmlessly. Every persistent Hopper kernel
+// prepares through it (this GEMM's, moe/grouped_gemm_sm90.cuh's).
+template <class Cfg, auto kKernel>
+cudaError_t prepare_persistent(int* ctas) {
   static std::atomic<int> cached[kMaxDevices];  // 0 until that device is set up
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
   if ((*ctas = cached[dev].load(std::memory_order_acquire)) != 0) return cudaSuccess;
-  auto kernel = persistent_gemm<Cfg, OutT>;
   const int smem = (int)SharedStorage<Cfg>::kLaunchBytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(ctas, cudaDevAttrMultiProcessorCount, dev);
   if (err == cudaSuccess) cached[dev].store(*ctas, std::memory_order_release);
   return err;
+}
+
+template <class Cfg, class OutT>
+cudaError_t prepare_gemm(int* ctas) {
+  return prepare_persistent<Cfg, persistent_gemm<Cfg, OutT>>(ctas);
 }
 
 // Launches C = A . B for problem `prob` on the current device with `grid` CTAs
