@@ -78,8 +78,8 @@ KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
 // (add one; true for the add that completes it, which re-arms it); release(flag,
 // home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
 // i) on our own flags; ends() (plan ends [nb][E], after kPlanned); layout(); and
-// the work: route, scan, send_counts, scatter, build_layout, push_part, gemm1,
-// gemm2, push_unit, fold, finish.
+// the work: route, scan, send_counts, scatter, build_layout, push_part,
+// build(L, most) (the GEMM tiles, MoeBuilds below), push_unit, fold, finish.
 
 // The last route block: scan, then the count exchange (our own row last).
 template <class Ops>
@@ -126,26 +126,61 @@ KOSMOS_HD void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
   }
 }
 
+// The build queue as a tile source that a tile engine drives: next() claims,
+// start(t) waits for the rows tile t reads, done(t) completes it. The Hopper
+// engine pipelines the three (its producer thread claims ahead and waits, its
+// publisher thread completes a tile once its stores have landed), so `Ops` here
+// is the one-thread view of the control words; moe_build_serial runs them in
+// order, as the emulators and the compile check do.
 template <class Ops>
-KOSMOS_HD void moe_build(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, int j) {
-  const MoeTile t = moe_build_item(s, L, j);
-  if (t.gemm == 1) {
-    for (int src = 0; src < s.ep; ++src)
-      if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
-    ops.gemm1(t);
-    if (ops.count(MoeCount::kGemm1, t.rb, s.nt1)) ops.release(MoeFlag::kGemm1, s.rank, t.rb);
-  } else {
-    ops.wait(MoeFlag::kGemm1, t.rb);
-    ops.gemm2(t);
-    if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
+struct MoeBuilds {
+  Ops& ops;
+  const MoeFwdShape& s;
+  const MoeLayout& L;
+
+  KOSMOS_HD bool next(MoeTile* t) {
+    const int j = ops.claim(MoeQueue::kBuild);
+    if (j >= moe_n_build(s, L)) return false;
+    *t = moe_build_item(s, L, j);
+    return true;
   }
+  // A GEMM1 tile waits only on the sources whose rows its row block holds; a
+  // GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
+  KOSMOS_HD void start(const MoeTile& t) {
+    if (t.gemm == 1) {
+      for (int src = 0; src < s.ep; ++src)
+        if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
+    } else {
+      ops.wait(MoeFlag::kGemm1, t.rb);
+    }
+  }
+  KOSMOS_HD void done(const MoeTile& t) {
+    if (t.gemm == 1) {
+      if (ops.count(MoeCount::kGemm1, t.rb, s.nt1)) ops.release(MoeFlag::kGemm1, s.rank, t.rb);
+    } else {
+      if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
+    }
+  }
+};
+
+// Up to `most` tiles (< 0: until the queue is empty) one at a time; returns how
+// many ran. `Ops` supplies gemm1(t) / gemm2(t) beside the control words.
+template <class Ops>
+KOSMOS_HD int moe_build_serial(Ops& ops, MoeBuilds<Ops> b, int most) {
+  int n = 0;
+  for (MoeTile t; (most < 0 || n < most) && b.next(&t); ++n) {
+    b.start(t);
+    if (t.gemm == 1) ops.gemm1(t); else ops.gemm2(t);
+    b.done(t);
+  }
+  return n;
 }
 
-// Builds until the GEMM queue is empty.
+// Builds until the GEMM queue is empty: ops.build(L, most) runs up to `most`
+// tiles of MoeBuilds (< 0: all), returning how many it ran.
 template <class Ops>
-KOSMOS_HD void moe_build_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
-  const int n = moe_n_build(s, L);
-  for (int j = ops.claim(MoeQueue::kBuild); j < n; j = ops.claim(MoeQueue::kBuild)) moe_build(ops, s, L, j);
+KOSMOS_HD void moe_build_rest(Ops& ops, const MoeLayout& L) {
+  ops.build(L, -1);
 }
 
 template <class Ops>
@@ -173,19 +208,18 @@ KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L,
 // whatever tiles are left.
 template <class Ops>
 KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
-  const int n_units = moe_n_units(s), n_build = moe_n_build(s, L);
+  const int n_units = moe_n_units(s);
   bool tiles = true;
   for (int u = ops.claim(MoeQueue::kCombine); u < n_units;) {
     const MoeUnit c = moe_unit_item(s, u);
     if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) == MoeStep::kBuild) {
-      const int j = ops.claim(MoeQueue::kBuild);
-      if (j < n_build) moe_build(ops, s, L, j); else tiles = false;
+      tiles = ops.build(L, 1) == 1;
       continue;
     }
     moe_push_unit(ops, s, L, c);
     u = ops.claim(MoeQueue::kCombine);
   }
-  if (tiles) moe_build_rest(ops, s, L);
+  if (tiles) moe_build_rest(ops, L);
 }
 
 template <class Ops>
@@ -239,7 +273,7 @@ KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, in
     moe_dispatch(ops, s);
     moe_two_way(ops, s, L);
   } else {
-    moe_build_rest(ops, s, L);
+    moe_build_rest(ops, L);
   }
   moe_combine_rest(ops, s, L);
   moe_fold_all(ops, s);

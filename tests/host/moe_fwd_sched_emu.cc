@@ -315,6 +315,7 @@ struct HostOps {
       if (lr >= moe_src(s, layout(), x, src) && lr < moe_src(s, layout(), x, src + 1)) return src;
     return -1;
   }
+  int build(const MoeLayout& L, int most) { return moe_build_serial(*this, MoeBuilds<HostOps>{*this, s, L}, most); }
   int build_index(const MoeTile& t) {
     return t.gemm == 1 ? t.rb * c.nt1 + t.n : moe_n_gemm1(s, layout()) + t.rb * c.nt2 + t.n;
   }

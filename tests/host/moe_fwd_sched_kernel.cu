@@ -108,6 +108,9 @@ struct CheckOps {
       for (int h = 0; h < p.H; ++h) to[(size_t)r * p.H + h] = row[h];
     }
   }
+  KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
+    return moe_build_serial(*this, MoeBuilds<CheckOps>{*this, p.s, L}, most);
+  }
   // Tile n of GEMM1: I / nt1 SwiGLU outputs, silu(gate) * up, per row of the block.
   KOSMOS_DEVICE void gemm1(const MoeTile& t) {
     const int cols = p.I / p.s.nt1;
