@@ -206,10 +206,12 @@ KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L,
 
 // A mover after dispatch: two-way, holding one claimed unit at a time; then
 // whatever tiles are left.
+// switching = false: a fixed crew (the benchmarks' comparison, paper Table 2):
+// movers never build, they wait for each unit.
 template <class Ops>
-KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, bool switching) {
   const int n_units = moe_n_units(s);
-  bool tiles = true;
+  bool tiles = switching;
   for (int u = ops.claim(MoeQueue::kCombine); u < n_units;) {
     const MoeUnit c = moe_unit_item(s, u);
     if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) == MoeStep::kBuild) {
@@ -241,7 +243,8 @@ KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 }
 
 // One CTA's life. Preconditions (the launcher): every CTA of the grid is
-// resident; all ranks run the same shape (rank aside) and the same epoch.
+// resident; all ranks run the same shape (rank aside) and the same epoch;
+// without switching, at least one CTA is a builder.
 //
 // Deadlock freedom. Each wait, and why the work it waits on is claimed by a
 // running CTA that finishes it without waiting on the waiter:
@@ -265,13 +268,13 @@ KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 // sends its counts (waiting only on the peers' CTA 0 announcements), dispatches
 // every part, then alternates units and tiles, and folds last.
 template <class Ops>
-KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers) {
+KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers, bool switching = true) {
   if (cta == 0) ops.announce_ready();
   moe_front(ops, s);
   const MoeLayout& L = ops.layout();
   if (moe_initial_role(cta, grid, movers) == Role::kMover) {
     moe_dispatch(ops, s);
-    moe_two_way(ops, s, L);
+    moe_two_way(ops, s, L, switching);
   } else {
     moe_build_rest(ops, L);
   }

@@ -474,11 +474,13 @@ void run_rank(const Case& c, const Model& model, Ranks& ranks, int rank, unsigne
     std::vector<int> order(c.W);
     for (int i = 0; i < c.W; ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), rng);
+    // Odd epochs with a builder to spare run a fixed crew (movers never build).
+    const bool switching = it % 2 == 0 || c.movers >= c.W;
     std::vector<std::thread> ctas;
     for (int cta : order)
       ctas.emplace_back([&, cta] {
         HostOps ops{c, ranks, model, in, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s};
-        moe_fwd_cta(ops, s, cta, c.W, c.movers);
+        moe_fwd_cta(ops, s, cta, c.W, c.movers, switching);
       });
     for (auto& t : ctas) t.join();
     check_epoch(c, model, in, r, rank, e);

@@ -1,0 +1,52 @@
+// The MoE forward's workspace at EP = 1: one byte buffer (the FFI's `ws`
+// result), cut into sections of whole KiB. kosmos_jax/ops/_fused_moe.py
+// computes the same total; the handler refuses a smaller buffer, naming both.
+//
+//   ctrl     kMoeCtrlBytes   MoeCtrl (moe/fwd_ops.cuh): zeroed before each launch
+//   rb       32 per row block: GEMM1/GEMM2 flags and counts, zeroed with ctrl
+//   hist     [nb][E] int
+//   order    [R] int         (the packed plan order uses t*k <= R of them)
+//   arena    [R][H] bf16     the experts' input rows
+//   act      [R][I] bf16     SwiGLU outputs
+//
+// R = moe_ep1_rows: with one rank the count-driven layout packs t * min(k, E)
+// pairs, each expert's segment padded to kTileRows, so R rows always suffice:
+// no capped arena, no overflow, memory linear in tokens x k.
+#pragma once
+#include <cstddef>
+
+#include "kosmos/platform.h"
+
+namespace kosmos::moe {
+
+constexpr size_t kMoeCtrlBytes = 65536;
+constexpr int kMoeTileRows = 128;
+constexpr int kMoeBlockTokens = 128;  // tokens per plan and fold block
+
+KOSMOS_HD inline size_t moe_ws_align(size_t n) { return (n + 1023) / 1024 * 1024; }
+
+KOSMOS_HD inline int moe_ep1_rows(int t, int k, int E) {
+  const long long pairs = (long long)t * (k < E ? k : E) + (long long)E * (kMoeTileRows - 1);
+  return (int)((pairs + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows);
+}
+
+struct MoeWs {
+  size_t ctrl, rb, hist, order, arena, act, total;  // byte offsets, and the whole
+  size_t zeroed;                                    // bytes from 0 the launcher clears
+};
+
+KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int E, int H, int I) {
+  const size_t R = (size_t)moe_ep1_rows(t, k, E), nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
+  MoeWs w{};
+  w.ctrl = 0;
+  w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
+  w.hist = w.rb + moe_ws_align(R / kMoeTileRows * 32);
+  w.order = w.hist + moe_ws_align(nb * E * 4);
+  w.arena = w.order + moe_ws_align(R * 4);
+  w.act = w.arena + moe_ws_align(R * H * 2);
+  w.total = w.act + moe_ws_align(R * I * 2);
+  w.zeroed = w.hist;
+  return w;
+}
+
+}  // namespace kosmos::moe
