@@ -13,7 +13,8 @@ enum class TimeoutUnit : int {
   kTnRsSm90 = 1,    // csrc/tn_rs_sm90.cu
   kBulkAgSm90 = 2,  // csrc/bulk_ag_nn_sm90.cu
   kBulkRsSm90 = 3,  // csrc/bulk_rs_nt_sm90.cu
-  kCount = 4
+  kMoeFwdSm90 = 4,  // csrc/moe_fwd_sm90.cu
+  kCount = 5
 };
 
 // The records of (ordinal, unit), creating the mailbox and starting its printer

@@ -1,0 +1,203 @@
+// FFI handlers of the MoE ops (CUDA): kosmos_moe_forward, the forward
+// megakernel at EP = 1 (kernels/moe/fwd_sm90.cuh; routing and the shared
+// expert run in XLA around it, kosmos_jax/ops/_fused_moe.py), and
+// kosmos_grouped_gemm, the expert GEMMs alone (the benchmark's floor). Both
+// run the Hopper engine only: on another GPU or dtype they refuse with an
+// error, never fall back.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "handlers.h"
+#include "launch.h"
+#include "moe/fwd_ws.h"
+#include "moe_fwd_sm90.h"
+
+namespace ffi = xla::ffi;
+
+using namespace kosmos;
+
+namespace {
+
+ffi::Error Fail(const char* op, const std::string& why) { return ffi::Error::InvalidArgument(std::string(op) + ": " + why); }
+
+ffi::Error CudaFail(const char* op, const char* what, int ordinal, cudaError_t e) {
+  return ffi::Error::Internal(std::string(op) + ": " + what + " on ordinal " + std::to_string(ordinal) + ": " +
+                              cudaGetErrorString(e));
+}
+
+std::string dims(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+bool shaped(ffi::AnyBuffer::Dimensions d, std::initializer_list<int64_t> want) {
+  if (d.size() != want.size()) return false;
+  size_t i = 0;
+  for (int64_t w : want)
+    if (d[i++] != w) return false;
+  return true;
+}
+
+// The grid: one CTA per SM, or cu_cap of them; and whether the device runs the Hopper kernels.
+std::string grid_of(const char* op, int ordinal, int64_t cu_cap, int* grid) {
+  int sms = 0, major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+  if (e != cudaSuccess) return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
+  if (major != 9 || minor != 0)
+    return std::string("runs on compute capability 9.0 (H100/H200) only; ordinal ") + std::to_string(ordinal) +
+           " is " + std::to_string(major) + "." + std::to_string(minor) + " (no portable MoE kernel yet)";
+  *grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
+  return "";
+}
+
+// Movers: the gather of t*k rows runs ahead of GEMM1 with about one CTA in 8
+// (an SM copies ~50 GB/s: benchmarks/RESULTS.md, Transport); a fixed crew keeps a builder.
+int moe_movers(int64_t movers, int grid, bool switching) {
+  int mv = movers < 0 ? grid / 8 : (int)(movers > grid ? grid : movers);
+  mv = mv < 1 ? 1 : mv > 16 && movers < 0 ? 16 : mv;
+  if (!switching && mv > grid - 1) mv = grid - 1;
+  return mv;
+}
+
+}  // namespace
+
+static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer indices,
+                                 ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer y0,
+                                 ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
+                                 ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> ws,
+                                 int64_t input_gating, int64_t add_y0, int64_t cu_cap, int64_t movers,
+                                 int64_t switching) {
+  const char* op = "kosmos_moe_forward";
+  using DT = ffi::DataType;
+  auto xd = x.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
+  if (xd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3)
+    return Fail(op, "need x [t, h], indices [t, k], w1 [E, h, 2I], w2 [E, I, h]; got " + dims(xd) + ", " + dims(id) +
+                        ", " + dims(w1d) + ", " + dims(w2d));
+  const int64_t t = xd[0], H = xd[1], k = id[1], E = w1d[0], I = w2d[1];
+  if (x.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
+      indices.element_type() != DT::S32 || weights.element_type() != DT::F32 || y0.element_type() != DT::F32)
+    return Fail(op, "x, w1, w2 must be bf16, indices int32, weights and y0 float32");
+  if (id[0] != t || !shaped(weights.dimensions(), {t, k}) || !shaped(w1d, {E, H, 2 * I}) || !shaped(w2d, {E, I, H}))
+    return Fail(op, "shapes disagree: x " + dims(xd) + ", indices " + dims(id) + ", weights " +
+                        dims(weights.dimensions()) + ", w1 " + dims(w1d) + ", w2 " + dims(w2d));
+  if (add_y0 && !shaped(y0.dimensions(), {t, H}))
+    return Fail(op, "y0 " + dims(y0.dimensions()) + " must be [t, h] = [" + std::to_string(t) + ", " + std::to_string(H) + "]");
+  if (t < 1 || t > (1 << 24)) return Fail(op, "t=" + std::to_string(t) + " must be in [1, 2^24]");
+  if (std::string why = moe_fwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k); !why.empty())
+    return Fail(op, why + " (h=" + std::to_string(H) + ", I=" + std::to_string(I) + ", E=" + std::to_string(E) +
+                        ", k=" + std::to_string(k) + ")");
+  const int R = moe::moe_ep1_rows((int)t, (int)k, (int)E);
+  const moe::MoeWs L = moe::moe_ws_layout((int)t, (int)k, (int)E, (int)H, (int)I);
+  if (!shaped(y->dimensions(), {t, H}) || !shaped(y_rows->dimensions(), {R, H}) || !shaped(pair_row->dimensions(), {t, k}))
+    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(R) + ", h], pair_row [t, k]");
+  if (ws->size_bytes() < L.total)
+    return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
+                        std::to_string(L.total) + " (kosmos_jax.ops._fused_moe.workspace_bytes)");
+  int grid = 0;
+  if (std::string why = grid_of(op, ordinal, cu_cap, &grid); !why.empty()) return Fail(op, why);
+  if (!switching && grid < 2)
+    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != ordinal) cudaSetDevice(ordinal);
+  std::string err = moe_fwd_sm90_prepare(ordinal);
+  if (err.empty() && !moe_fwd_sm90_ready(ordinal)) err = "the Hopper kernel could not be prepared on this device";
+  char* base = static_cast<char*>(ws->untyped_data());
+  cudaError_t e = err.empty() ? cudaMemsetAsync(base, 0, L.zeroed, stream) : cudaSuccess;
+  if (e == cudaSuccess && err.empty() && poison_output()) {
+    e = cudaMemsetAsync(y->untyped_data(), 0xFF, y->size_bytes(), stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(y_rows->untyped_data(), 0xFF, y_rows->size_bytes(), stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(pair_row->untyped_data(), 0xFF, pair_row->size_bytes(), stream);
+  }
+  if (e == cudaSuccess && err.empty()) {
+    moe::MoeFwdParams m{};
+    const int nt1 = (int)(I / 128), nt2 = (int)((H + 255) / 256);
+    m.s = moe::MoeFwdShape{1, 0, (int)t, (int)k, moe::kMoeBlockTokens, (int)E, moe::kMoeTileRows, nt1, nt2,
+                           /*groups=*/4, /*capacity=*/(int)t};
+    m.H = (int)H, m.I = (int)I;
+    m.x = static_cast<const bf16_t*>(x.untyped_data());
+    m.indices = static_cast<const int*>(indices.untyped_data());
+    m.weights = static_cast<const float*>(weights.untyped_data());
+    m.y0 = add_y0 ? static_cast<const float*>(y0.untyped_data()) : nullptr;
+    m.y = static_cast<bf16_t*>(y->untyped_data());
+    m.pair_row = static_cast<int*>(pair_row->untyped_data());
+    m.input_gating = input_gating != 0;
+    m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
+    m.rbs = R / moe::kMoeTileRows;
+    m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
+    m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
+    m.hist = reinterpret_cast<int*>(base + L.hist);
+    m.order = reinterpret_cast<int*>(base + L.order);
+    m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
+    m.act = reinterpret_cast<bf16_t*>(base + L.act);
+    m.y_rows = static_cast<bf16_t*>(y_rows->untyped_data());
+    m.movers = moe_movers(movers, grid, switching != 0);
+    m.switching = switching != 0;
+    m.timeout_ns = timeout_ns();
+    e = moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), grid, stream);
+  }
+  if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
+  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
+  if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
+  return ffi::Error::Success();
+}
+
+static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                                  ffi::AnyBuffer tile_expert, ffi::Result<ffi::AnyBuffer> c) {
+  const char* op = "kosmos_grouped_gemm";
+  auto ad = a.dimensions(), bd = b.dimensions(), td = tile_expert.dimensions();
+  if (ad.size() != 2 || bd.size() != 3 || td.size() != 1 || bd[1] != ad[1])
+    return Fail(op, "need a [M, K], b [E, K, N], tile_expert [M / 128]; got " + dims(ad) + ", " + dims(bd) + ", " + dims(td));
+  const int64_t M = ad[0], K = ad[1], E = bd[0], N = bd[2];
+  if (a.element_type() != ffi::DataType::BF16 || b.element_type() != ffi::DataType::BF16 ||
+      c->element_type() != ffi::DataType::BF16 || tile_expert.element_type() != ffi::DataType::S32)
+    return Fail(op, "a, b, c must be bf16 and tile_expert int32");
+  if (M > INT32_MAX || K > INT32_MAX || N > INT32_MAX || td[0] * 128 != M || !shaped(c->dimensions(), {M, N}))
+    return Fail(op, "M=" + std::to_string(M) + " must be 128 * len(tile_expert)=" + std::to_string(td[0]) +
+                        " and c [M, N]; got c " + dims(c->dimensions()));
+  if (std::string why = grouped_gemm_sm90_unsupported((int)M, (int)N, (int)K, (int)E); !why.empty()) return Fail(op, why);
+  int grid = 0;
+  if (std::string why = grid_of(op, ordinal, 0, &grid); !why.empty()) return Fail(op, why);
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != ordinal) cudaSetDevice(ordinal);
+  cudaError_t e = grouped_gemm_sm90_launch(a.untyped_data(), b.untyped_data(), c->untyped_data(),
+                                           static_cast<const int*>(tile_expert.untyped_data()), (int)M, (int)N, (int)K,
+                                           (int)E, grid, stream);
+  if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
+  if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // x [t, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // indices [t, k] int32
+                                  .Arg<ffi::AnyBuffer>()   // weights [t, k] f32
+                                  .Arg<ffi::AnyBuffer>()   // w1 [E, h, 2I] bf16 (gate | up)
+                                  .Arg<ffi::AnyBuffer>()   // w2 [E, I, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // y0 [t, h] f32 (add_y0), else (1,)
+                                  .Ret<ffi::AnyBuffer>()   // y [t, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // y_rows [R, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
+                                  .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/fwd_ws.h)
+                                  .Attr<int64_t>("input_gating")
+                                  .Attr<int64_t>("add_y0")
+                                  .Attr<int64_t>("cu_cap")      // 0 = all SMs
+                                  .Attr<int64_t>("movers")      // -1 = default policy
+                                  .Attr<int64_t>("switching"));  // 0: fixed crew
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_grouped_gemm_cuda, GroupedGemmCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()    // a [M, K] bf16, rows expert-major, segments of 128
+                                  .Arg<ffi::AnyBuffer>()    // b [E, K, N] bf16
+                                  .Arg<ffi::AnyBuffer>()    // tile_expert [M / 128] int32
+                                  .Ret<ffi::AnyBuffer>());  // c [M, N] bf16

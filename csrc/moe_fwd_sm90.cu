@@ -1,0 +1,43 @@
+// Preparation and launch of the MoE forward megakernel and the grouped expert
+// GEMMs with Hopper builders (sm_90a only).
+#include "moe/fwd_sm90.cuh"
+#include "moe/grouped_gemm_sm90.cuh"
+#include "moe_fwd_sm90.h"
+#include "sm90_prepare.h"
+
+namespace kosmos {
+namespace {
+
+// The engine's wide configuration (128x256, 3 stages, staged epilogue): a
+// GEMM1 tile is 128 gate and 128 up columns, a GEMM2 tile 256 of hidden.
+using MoeCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
+Sm90State g_state;
+
+}  // namespace
+
+std::string moe_fwd_sm90_prepare(int ordinal) {
+  if (ordinal >= 0 && ordinal < kSm90Ordinals && g_state[ordinal] != 0) return "";
+  return prepare_sm90("kosmos_moe_forward", reinterpret_cast<const void*>(&moe::moe_fwd_sm90_kernel<MoeCfg>),
+                      MoeCfg::kThreads, (int)sm90::SharedStorage<MoeCfg>::kLaunchBytes, ordinal, g_state,
+                      set_timeout_mailbox, TimeoutUnit::kMoeFwdSm90);
+}
+
+bool moe_fwd_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }
+
+std::string moe_fwd_sm90_unsupported(int H, int I, int E, int k) { return moe::moe_fwd_sm90_unsupported(H, I, E, k); }
+
+cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid,
+                                cudaStream_t stream) {
+  return moe::moe_fwd_sm90_launch<MoeCfg>(m, w1, w2, grid, stream);
+}
+
+std::string grouped_gemm_sm90_unsupported(int M, int N, int K, int E) {
+  return moe::grouped_unsupported<MoeCfg>(M, N, K, E);
+}
+
+cudaError_t grouped_gemm_sm90_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N,
+                                     int K, int E, int grid, cudaStream_t stream) {
+  return moe::grouped_gemm_launch<MoeCfg>(a, b, c, tile_expert, M, N, K, E, grid, stream);
+}
+
+}  // namespace kosmos

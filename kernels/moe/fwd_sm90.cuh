@@ -1,0 +1,174 @@
+// The MoE forward megakernel with Hopper builders (sm_90a), EP = 1: the CTA
+// life moe_fwd_cta (moe/fwd_sched.h) over the device ops of moe/fwd_ops.cuh,
+// whose build() drives the TMA + WGMMA tile engine with the build queue
+// (MoeBuilds): GEMM1 tiles (gate and up column blocks of one expert's
+// weights, the SwiGLU in the epilogue: moe/swiglu_sm90.cuh) into act, then
+// GEMM2 tiles (act @ down[e]) into y_rows.
+//
+// One engine run serves one GEMM (its operands are TMA descriptors of the
+// run), so build() runs passes: the producer thread claims ahead, and a claim
+// of the other GEMM ends the pass and opens the next one with it. GEMM1 tiles
+// precede GEMM2 tiles in the queue, so a CTA makes at most one GEMM1 and one
+// GEMM2 pass per build (a two-way mover's build of one tile is one short pass).
+// A pass ends with every tile's stores landed and published (the engine's
+// retire at exit), so a GEMM2 tile never waits on its own CTA's GEMM1 tile.
+#pragma once
+#include "gemm/sm90/tile_engine.cuh"
+#include "moe/fwd_ops.cuh"
+#include "moe/swiglu_sm90.cuh"
+
+namespace kosmos::moe {
+
+template <class Cfg>
+struct MoeFwdSm90Params {
+  MoeFwdParams m;
+  sm90::Params<Cfg> g1;  // A arena [R, H], B w1 [E*H, 2I]: M = R, N = 2I, K = H
+  sm90::Params<Cfg> g2;  // A act [R, I], B w2 [E*I, H], C y_rows [R, H]: N = H, K = I
+  typename sm90::Params<Cfg>::TmaBHalf w1_half;  // w1 in half-height boxes: a gate and an up column block
+  typename sm90::Params<Cfg>::TmaC act_out;      // the SwiGLU tiles' stores into act [R, I]
+};
+
+// A build's passes (static shared memory, the producer thread's): the claimed
+// tile the next pass starts with (gemm == 0: none), and the tiles run so far.
+struct MoePass {
+  MoeTile pending;
+  int ran;
+};
+
+// The engine's scheduler for one pass of GEMM kGemm (producer thread only).
+struct MoePassSched {
+  MoeBuilds<MoeCtl>* b;
+  MoePass* pass;
+  int gemm, most;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    if (pass->pending.gemm == 0) {
+      if (most >= 0 && pass->ran >= most) return false;
+      if (!b->next(&pass->pending)) return false;
+    }
+    if (pass->pending.gemm != gemm) return false;  // the other GEMM's pass starts with it
+    t = {pass->pending.rb, pass->pending.n};
+    pass->pending.gemm = 0;
+    ++pass->ran;
+    return true;
+  }
+};
+
+template <class Cfg, int kGemm>
+struct MoeGemmHooks {
+  static constexpr bool kTileDone = true, kGroupedB = true;
+  static constexpr bool kMapsRows = kGemm == 1, kStoreBoxes = kGemm == 1, kSplitB = kGemm == 1;
+  using P = sm90::Params<Cfg>;
+  const MoeFwdSm90Params<Cfg>* p;
+  MoeBuilds<MoeCtl>* b;
+
+  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_expert_of(b->s, b->L, t.m); }
+  // Producer thread: the rows the tile reads have landed (gathered rows, or its
+  // row block's GEMM1 tiles stored by TMA and published); then TMA may read them.
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
+    b->start(MoeTile{kGemm, t.m, expert(t), t.n});
+    gemm::async_proxy_fence();
+  }
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  // Publisher thread, once the tile's stores are complete.
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kGemm, t.m, 0, t.n}); }
+  KOSMOS_DEVICE int b_kblock0(gemm::TileCoord t) const {
+    return expert(t) * ((kGemm == 1 ? p->m.H : p->m.I) / Cfg::kBK);
+  }
+  // GEMM1: gate columns [n * kBN/2, +kBN/2) beside the same up columns (I further on).
+  KOSMOS_DEVICE const typename P::TmaBHalf* b_halves(gemm::TileCoord t, int* lo, int* hi) const {
+    *lo = t.n;
+    *hi = p->m.I / (Cfg::kBN / 2) + t.n;
+    return &p->w1_half;
+  }
+  KOSMOS_DEVICE sm90::StoreBox<typename P::TmaC> store_box(gemm::TileCoord t) const {
+    return {&p->act_out, p->g1.M, p->m.I, t.m, t.n * (Cfg::kBN / 2)};
+  }
+  // Unreachable: the launcher requires N % 8 == 0, so every tile is staged and
+  // leaves through store_box.
+  template <class OutT>
+  KOSMOS_DEVICE OutT* row_ptr(gemm::TileCoord, int) const {
+    trap();
+  }
+};
+
+template <class Cfg>
+struct MoeSm90Ops : MoeLocalOps {
+  const MoeFwdSm90Params<Cfg>& pp;
+  sm90::SharedStorage<Cfg>& sm;
+  MoePass* pass;
+
+  template <int kGemm>
+  KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
+    using Hooks = MoeGemmHooks<Cfg, kGemm>;
+    Hooks h{&pp, &b};
+    MoePassSched sched{&b, pass, kGemm, most};
+    if constexpr (kGemm == 1) {
+      sm90::TileEngine<Cfg, gemm::bf16, Hooks, SwigluStaging>::run(pp.g1, sm, sched, h);
+    } else {
+      sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g2, sm, sched, h);
+    }
+  }
+
+  // Up to `most` tiles of the build queue (< 0: until it is empty), as passes.
+  KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
+    MoeCtl one = ctl;
+    MoeBuilds<MoeCtl> b{one, s(), L};
+    if (threadIdx.x == 0) pass->pending.gemm = 0, pass->ran = 0;
+    __syncthreads();
+    for (;;) {
+      if (threadIdx.x == 0 && pass->pending.gemm == 0 && (most < 0 || pass->ran < most)) b.next(&pass->pending);
+      __syncthreads();
+      const int gemm = pass->pending.gemm, ran = pass->ran;
+      __syncthreads();  // read before thread 0 writes the pass again
+      if (gemm == 0) return ran;
+      if (gemm == 1) run_pass<1>(b, most); else run_pass<2>(b, most);
+      __syncthreads();  // the engine's threads return at different times
+    }
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg> p) {
+  static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
+  extern __shared__ char smem_raw[];
+  __shared__ int bc;
+  __shared__ MoePass pass;
+  auto& s = sm90::shared_storage<Cfg>(smem_raw);
+  const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
+  // The front's scratch (E ints) is the engine's ring: no engine runs during the front.
+  MoeSm90Ops<Cfg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
+  moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
+}
+
+// The problem's shape, or "" when this kernel runs it (the handler's checks name values).
+inline const char* moe_fwd_sm90_unsupported(int H, int I, int E, int k) {
+  if (H <= 0 || H % 64) return "hidden must be a positive multiple of 64 (GEMM1's k-blocks, GEMM2's 16-byte rows)";
+  if (I <= 0 || I % 128) return "expert_intermediate must be a positive multiple of 128 (the SwiGLU column blocks)";
+  if (E < 1 || E > kMaxExperts) return "num_experts must be in [1, 512]";
+  if (k < 1 || k > 32 || k > E) return "top_k must be in [1, min(32, num_experts)] (the fold's warp holds a token's rows)";
+  return "";
+}
+
+// Launches over m (its workspace zeroed where moe_ws_layout says) with `grid` CTAs.
+template <class Cfg>
+cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const void* w2, int grid, cudaStream_t stream) {
+  using sm90::make_operand_tma;
+  const int R = m.rbs * Cfg::kBM, H = m.H, I = m.I, E = moe_experts(m.s);
+  const auto* pw1 = static_cast<const sm90::bf16*>(w1);
+  const auto* pw2 = static_cast<const sm90::bf16*>(w2);
+  const auto* arena = reinterpret_cast<const sm90::bf16*>(m.arena);
+  const auto* act = reinterpret_cast<const sm90::bf16*>(m.act);
+  MoeFwdSm90Params<Cfg> p{m,
+                          {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(arena, R, H, H),
+                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw1, 2 * I, E * H, 2 * I),
+                           {}, nullptr, R, 2 * I, H},
+                          {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(act, R, I, I),
+                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw2, H, E * I, H),
+                           sm90::make_output_tma<Cfg>(m.y_rows, R, H, H), m.y_rows, R, H, I},
+                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(pw1, 2 * I, E * H, 2 * I),
+                          sm90::make_output_tma<Cfg>(m.act, R, I, I)};
+  moe_fwd_sm90_kernel<Cfg><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kosmos::moe
