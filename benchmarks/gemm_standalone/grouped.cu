@@ -96,7 +96,11 @@ float round_bf16(float f) {  // round to nearest even (finite f)
 // ulp, so g and u each round at most to the neighbouring bf16 (ulp <= 2^-7 of
 // the value): |silu'(g) g u| 2^-7 and |silu(g) u| 2^-7, plus one ulp of h where
 // the final rounding goes the other way (<= 2^-7 |h|); 5% for the fp32 ops and
-// 2^-12 of the row's max |h| for dots that cancel to near zero.
+// 2^-12 of the row's max |h| for dots that cancel to near zero. The bound
+// cannot tell a missed pre-activation rounding, but the count of inexact
+// elements can: a CPU emulation of another summation order left 0.02-0.09%
+// of h inexact at H = 512..7168 (none over the bound), skipping the rounding 57%;
+// the check allows 1%.
 void swiglu_reference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, const std::vector<int>& tile_expert,
                       int M, int I, int H, std::vector<float>& ref, std::vector<float>& bound) {
   const int N = 2 * I;
@@ -177,9 +181,9 @@ int check_swiglu(const SwigluCase& sc, uint64_t seed, cudaStream_t s) {
       }
     }
     const unsigned long long guard = out.guard_damage(s);
-    const bool same = x == y, pass = unwritten == 0 && over == 0 && guard == 0 && same;
+    const bool same = x == y, pass = unwritten == 0 && over == 0 && inexact * 100 <= x.size() && guard == 0 && same;
     printf("check swiglu TN 128x256 E=%3d M=%6d I=%5d H=%5d grid=%4d  max|d|/rowmax=%.2e (bf16 ulp 3.9e-03..7.8e-03) "
-           "over-bound=%zu inexact=%zu unwritten=%zu guard=%llu deterministic=%d  %s\n",
+           "over-bound=%zu inexact=%zu (tol 1%%) unwritten=%zu guard=%llu deterministic=%d  %s\n",
            E, M, I, H, grid, worst, over, inexact, unwritten, guard, (int)same, pass ? "PASS" : "FAIL");
     fflush(stdout);
     fails += !pass;
