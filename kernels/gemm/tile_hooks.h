@@ -59,6 +59,15 @@
 //                      x @ W[e]: [E * K, N]), its TMA descriptor spans them all, and tile
 //                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
 //                      portable engine refuses it at compile time.
+//  b_halves(t, &lo, &hi)  (Hopper engine, when kSplitB) the producer thread,
+//                      before tile t's loads: B's kBN rows of tile t come as two
+//                      halves from two row blocks of B, half-blocks lo and hi (in
+//                      units of kBN / 2 rows) into the tile's rows [0, kBN / 2)
+//                      and [kBN / 2, kBN), read through the returned descriptor
+//                      (sm90::Params<Cfg>::TmaBHalf, a half-height box over B,
+//                      in parameter space). With kGroupedB, from b_kblock0 on.
+//                      The MoE GEMM1 pairs each gate block with its up block
+//                      this way, so one accumulator holds both (moe/swiglu_sm90.cuh).
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
@@ -97,6 +106,7 @@ KOSMOS_DEVICE void async_proxy_fence() {
 KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
 KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
 KOSMOS_HOOK_FLAG(groups_b, kGroupedB)       // absent: every tile reads the Problem's B from k = 0
+KOSMOS_HOOK_FLAG(splits_b, kSplitB)         // absent: a tile's B rows are one block of kBN
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 #undef KOSMOS_HOOK_FLAG
 

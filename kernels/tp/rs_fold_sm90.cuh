@@ -33,6 +33,7 @@ struct FoldStaging {
   static_assert(kBoxes, "the fold stages swizzled boxes (bf16 partials leave by TMA store)");
   using P = sm90::Params<Cfg>;
   using S = sm90::SharedStorage<Cfg>;
+  static constexpr int kOutCols = Cfg::kBN;
   static constexpr uint32_t kConsumerThreads = 128 * Cfg::kConsumerWGs;
   static constexpr uint32_t kTileBytes = Cfg::kBN / Cfg::kOutBoxCols * Cfg::kOutBoxBytes;  // load_boxes' boxes
   uint32_t c_phase = 0;  // consumers: the parity of the next c_ready phase

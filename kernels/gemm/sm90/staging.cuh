@@ -16,6 +16,8 @@
 //                                  tile's copies have read s.c: tile t into s.c
 //  unstaged(h, t)                  consumers, when t leaves from registers
 //                                  (N % 8 != 0: no staged buffer)
+//  kOutCols                        the columns stage() puts in s.c (kBN, or
+//                                  fewer: the first kOutCols / 64 boxes leave)
 //
 // PlainStaging rounds the tile in. GEMM+RS's fold passes its own
 // (tp/rs_fold_sm90.cuh: it sums the peers' partials into the tile, one of
@@ -28,6 +30,7 @@ namespace kosmos::sm90 {
 
 template <class Cfg, class OutT, bool kBoxes, class Hooks>
 struct PlainStaging {
+  static constexpr int kOutCols = Cfg::kBN;
   static CUTE_DEVICE void init(SharedStorage<Cfg>&) {}
   CUTE_DEVICE void after_loads(const Params<Cfg>&, SharedStorage<Cfg>&, gemm::TileCoord, Hooks&) {}
   CUTE_DEVICE auto in_mainloop(const Params<Cfg>&, SharedStorage<Cfg>&, gemm::TileCoord, Hooks&, int) {

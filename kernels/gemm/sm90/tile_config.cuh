@@ -34,6 +34,19 @@ using SmemRing = decltype(tile_to_shape(
     make_shape(Int<Rows>{}, Int<BK>{}, Int<Stages>{}),
     conditional_t<Mj == gemm::Major::K, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
 
+// SmemRing when a ring of Rows rows is whole swizzle atoms (64 rows MN-major,
+// 8 K-major), else void: a configuration names its B half ring (split-B hook)
+// even where a half is not whole atoms and no hook can split it.
+template <gemm::Major Mj, int Rows, int BK, int Stages,
+          bool = Rows % (Mj == gemm::Major::K ? 8 : 64) == 0>
+struct RingIfWhole {
+  using type = SmemRing<Mj, Rows, BK, Stages>;
+};
+template <gemm::Major Mj, int Rows, int BK, int Stages>
+struct RingIfWhole<Mj, Rows, BK, Stages, false> {
+  using type = void;
+};
+
 // One engine configuration. Two consumer warp groups split the tile's rows,
 // so a 128x256 tile gives each a 64x256 fp32 accumulator (128 registers per
 // thread); one producer warp group issues TMA.
@@ -57,6 +70,12 @@ struct TileConfig {
   using BK = Int<kBK>;
   using RingA = SmemRing<kMajorA, kBM, kBK, kStages>;
   using RingB = SmemRing<kMajorB, kBN, kBK, kStages>;
+  // Half a B stage (the split-B hook, gemm/tile_hooks.h b_halves): a stage's
+  // row blocks come last in either major (MN-major tiles k first, a K-major
+  // atom spans kBK), so rows [0, kBN / 2) of a B stage are its first half of
+  // bytes, laid out as a RingBHalf stage, and rows [kBN / 2, kBN) the second
+  // (tests/host/sm90_staged_layout.cu checks it against CuTe).
+  using RingBHalf = typename RingIfWhole<kMajorB, kBN / 2, kBK, kStages>::type;
   using MmaOp = decltype(GMMA::ss_op_selector<bf16, bf16, float, Shape<Int<kBM / kConsumerWGs>, BN, BK>,
                                               kGmmaMajor<kMajorA>, kGmmaMajor<kMajorB>>());
   using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
@@ -106,6 +125,16 @@ auto make_output_tma(void* p, int rows, int cols, int ld) {
   return make_tma_copy(SM90_TMA_STORE{}, g, typename Cfg::OutBox{});
 }
 
+// Params::TmaBHalf: void where the configuration has no half ring.
+template <class Cfg, class Ring = typename Cfg::RingBHalf>
+struct HalfTma {
+  using type = decltype(make_operand_tma<Cfg::kMajorB, Ring>(nullptr, 1, 1, 1));
+};
+template <class Cfg>
+struct HalfTma<Cfg, void> {
+  using type = void;
+};
+
 // Kernel parameters: passed as a __grid_constant__ so the TMA descriptors stay
 // in parameter space, where TMA may read them. tma_c (bf16 C, the staged
 // epilogue): the standalone GEMM's way out; fused kernels whose hooks map rows
@@ -115,6 +144,7 @@ struct Params {
   using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1, 1));
   using TmaC = decltype(make_output_tma<Cfg>(nullptr, 1, 1, 1));
+  using TmaBHalf = typename HalfTma<Cfg>::type;  // the split-B hook's box: kBN / 2 rows of B, in hooks' own parameters
   TmaA tma_a;
   TmaB tma_b;
   TmaC tma_c;
@@ -166,6 +196,23 @@ struct SharedStorage {
   CUTE_DEVICE bf16* sb() { return reinterpret_cast<bf16*>(b); }
   static constexpr size_t kLaunchBytes = sizeof(SharedStorage) + 1024;  // + base alignment slack
 };
+
+// The producer thread, for the split-B hook (gemm/tile_hooks.h b_halves):
+// k-block kb of B's half-blocks lo and hi (kBN / 2 rows each, B seen as p's
+// (N, K) through `tma`, a Params::TmaBHalf) into rows [0, kBN / 2) and
+// [kBN / 2, kBN) of B stage `slot`, both completing on its full barrier: the
+// stage's halves are RingBHalf's stages 0 and 1 from its base (Cfg::RingBHalf).
+template <class Cfg, class TmaBH>
+CUTE_DEVICE void load_b_halves(const TmaBH& tma, const Params<Cfg>& p, SharedStorage<Cfg>& s, int slot, int lo, int hi,
+                               int kb) {
+  static_assert(Cfg::kStages >= 2, "a stage's two halves are two stages of the half ring");
+  Tensor g = local_tile(tma.get_tma_tensor(make_shape(p.N, p.K)), Shape<Int<Cfg::kBN / 2>, typename Cfg::BK>{},
+                        make_coord(_, _));  // (kBN / 2, kBK, half-block, k-block)
+  Tensor sh = make_tensor(make_smem_ptr(s.sb() + slot * (Cfg::kBN * Cfg::kBK)), typename Cfg::RingBHalf{});
+  auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sh), group_modes<0, 2>(g));
+  copy(tma.with(s.full[slot]), tg(_, lo, kb), ts(_, 0));
+  copy(tma.with(s.full[slot]), tg(_, hi, kb), ts(_, 1));
+}
 
 // The CTA's SharedStorage in dynamic shared memory `raw` (kLaunchBytes long),
 // its base rounded up to the 1024 bytes the swizzled rings need.

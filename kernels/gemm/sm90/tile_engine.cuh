@@ -62,7 +62,8 @@ struct TileEngine {
 
   // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks may
   // name another A (kSplitA a_source: [a_rows, K] in parameter space, at tile row
-  // a_tile_m) or B's first k-block (kGroupedB); one load loop: 40 registers.
+  // a_tile_m), B's first k-block (kGroupedB) or B's two half-blocks (kSplitB);
+  // one load loop: 40 registers.
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
     const typename P::TmaA* a = &p.tma_a;
     int a_rows = p.M, a_tile_m = t.m;
@@ -70,8 +71,10 @@ struct TileEngine {
       int r = 0, m = 0;
       if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, a_rows = r, a_tile_m = m;
     }
-    int b_kb0 = 0;
+    int b_kb0 = 0, b_lo = 0, b_hi = 0;
     if constexpr (gemm::groups_b_v<Hooks>) b_kb0 = h.b_kblock0(t);
+    const typename P::TmaBHalf* b_half = nullptr;
+    if constexpr (gemm::splits_b_v<Hooks>) b_half = h.b_halves(t, &b_lo, &b_hi);
     const typename P::TmaA& tma_a = *a;
     Tensor gA =
         local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
@@ -88,7 +91,11 @@ struct TileEngine {
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
       copy(tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
-      copy(p.tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
+      if constexpr (gemm::splits_b_v<Hooks>) {
+        load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_kb0 + k);
+      } else {
+        copy(p.tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
+      }
       ring.advance(kStages);
     }
   }
@@ -133,11 +140,12 @@ struct TileEngine {
     if (prev >= 0) release(prev);
   }
 
-  // Consumer thread 0: the staged tile t's TMA stores, in its bulk group.
+  // Consumer thread 0: the staged tile t's TMA stores (Stage::kOutCols columns), in its bulk group.
   static CUTE_DEVICE void store_staged(const P& p, S& s, gemm::TileCoord t, Hooks& h) {
     if constexpr (Hooks::kMapsRows) {
-      store_boxes<Cfg>(s, h.store_box(t));
+      store_boxes<Cfg, Stage::kOutCols>(s, h.store_box(t));
     } else {
+      static_assert(Stage::kOutCols == Cfg::kBN, "a narrowed tile goes where the hooks say (store_box)");
       store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN});
     }
   }

@@ -1,0 +1,79 @@
+// The MoE GEMM1's SwiGLU as the Hopper engine's staging type
+// (gemm/sm90/staging.cuh): a 128x256 tile of gate|up pre-activations (its B
+// rows paired by the split-B hook: columns [0, 128) gate block n, [128, 256)
+// the matching up block, moe/grouped_gemm_sm90.cuh) leaves as the 128x128 bf16
+// tile h = silu(gate) * up, two swizzled boxes instead of four. The tile's
+// destination is the hooks' store_box (h [M, I] at column 128 n).
+//
+// The arithmetic is the pure-JAX twin's (reference/moe.py experts_forward):
+// the pre-activations are rounded to bf16 first, as the twin stores h1 and the
+// backward recomputes from it, so forward and backward see the same gate and
+// up; then silu(g) * u in fp32, rounded once.
+#pragma once
+#include <type_traits>
+
+#include "gemm/sm90/epilogue.cuh"
+#include "gemm/tile_hooks.h"
+
+namespace kosmos::moe {
+
+// silu(g) * u = g * sigmoid(g) * u of two fp32 pre-activations, each rounded
+// to bf16 first. e^-g by expf, not __expf: its error grows with |g| and would
+// move more bf16 results off the twin's. 1 / (1 + e^-g) by rcp.approx and one
+// Newton step, which is __frcp_rn's fast path (correctly rounded) without its
+// slow-path branch and call (64 a thread a tile): 1 + e^-g is clamped to 2^125,
+// inside that path's range, which changes only g < -86.6 (|silu(g)| < 1e-35).
+CUTE_DEVICE float swiglu(float gate, float up) {
+  const float g = __bfloat162float(__float2bfloat16_rn(gate)), u = __bfloat162float(__float2bfloat16_rn(up));
+  const float d = fminf(1.0f + expf(-g), 0x1p125f);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = fmaf(r, fmaf(-d, r, 1.0f), r);
+  return g * r * u;
+}
+
+template <class Cfg, class OutT, bool kBoxes, class Hooks>
+struct SwigluStaging {
+  static_assert(kBoxes, "h leaves by TMA store: hooks with kMapsRows and kStoreBoxes");
+  static_assert(std::is_same_v<OutT, gemm::bf16>, "h is bf16");
+  static_assert(Cfg::kBN / 2 % Cfg::kOutBoxCols == 0, "gate and up halves of whole 64-column boxes");
+  static constexpr int kOutCols = Cfg::kBN / 2;
+  using S = sm90::SharedStorage<Cfg>;
+  using P = sm90::Params<Cfg>;
+
+  static CUTE_DEVICE void init(S&) {}
+  CUTE_DEVICE void after_loads(const P&, S&, gemm::TileCoord, Hooks&) {}
+  CUTE_DEVICE auto in_mainloop(const P&, S&, gemm::TileCoord, Hooks&, int) {
+    return [](int, int) {};
+  }
+
+  // stage_tile's stmatrix steps over h's kOutCols columns: accumulator i is
+  // gate column c of its row, i + kBN / 4 up column c + kBN / 2 (4 accumulators
+  // per 8-column group; tests/host/sm90_staged_layout.cu), so each thread's h
+  // is its own registers' and h's boxes are where a kOutCols-wide plain tile's
+  // would be. Called after the previous tile's stores have read s.c.
+  template <class Thr, class Acc, class Phase>
+  CUTE_DEVICE void stage(const P&, S& s, gemm::TileCoord, Hooks&, int, const Thr& thr, const Acc& acc,
+                         const Phase& phase) {
+    static_assert(decltype(cute::size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
+    constexpr int kUp = Cfg::kBN / 4;
+    auto coord = thr.partition_C(cute::make_identity_tensor(cute::Shape<typename Cfg::BM, typename Cfg::BN>{}));
+    const int rw = cute::get<0>(coord(0)) & ~15;  // the warp's first row
+    const uint32_t lane_at = sm90::smem_u32(s.c) + sm90::stmatrix_lane_offset<Cfg, true>(rw, int(threadIdx.x % 32));
+    CUTE_UNROLL
+    for (int q = 0; q < kOutCols / 16; ++q) {
+      uint32_t r[4];
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const int i = 8 * q + 2 * j;
+        r[j] = sm90::pack_bf16x2(swiglu(acc(i), acc(i + kUp)), swiglu(acc(i + 1), acc(i + 1 + kUp)));
+      }
+      sm90::stmatrix_x4(sm90::stmatrix_offset<Cfg, true>(lane_at, q), r);
+    }
+    phase(gemm::TilePhase::kStaged);
+  }
+
+  CUTE_DEVICE void unstaged(Hooks&, gemm::TileCoord) {}
+};
+
+}  // namespace kosmos::moe
