@@ -56,6 +56,11 @@
 
 namespace kosmos::moe {
 
+// The CTA life inlines whole into its kernel: ptxas serialises every wgmma of
+// a kernel that makes a call (C7510), and a Hopper kernel's build() holds the
+// tile engine.
+#define KOSMOS_MOE_INLINE KOSMOS_HD inline __attribute__((always_inline))
+
 // ---- role policy ------------------------------------------------------------------
 // Every CTA runs the front and, at its end, the combine queue and the fold.
 // Movers (the first `movers` CTAs, at least one: only movers dispatch) drain the
@@ -83,7 +88,7 @@ KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
 
 // The last route block: scan, then the count exchange (our own row last).
 template <class Ops>
-KOSMOS_HD void moe_scan_and_send(Ops& ops, const MoeFwdShape& s) {
+KOSMOS_MOE_INLINE void moe_scan_and_send(Ops& ops, const MoeFwdShape& s) {
   ops.scan();
   ops.release(MoeFlag::kScanned, s.rank, 0);
   for (int i = 0; i < s.ep; ++i) {
@@ -95,7 +100,7 @@ KOSMOS_HD void moe_scan_and_send(Ops& ops, const MoeFwdShape& s) {
 }
 
 template <class Ops>
-KOSMOS_HD void moe_front(Ops& ops, const MoeFwdShape& s) {
+KOSMOS_MOE_INLINE void moe_front(Ops& ops, const MoeFwdShape& s) {
   const int nb = moe_blocks(s), n = moe_n_front(s);
   for (int i = ops.claim(MoeQueue::kFront); i < n; i = ops.claim(MoeQueue::kFront)) {
     if (i < nb) {
@@ -116,7 +121,7 @@ KOSMOS_HD void moe_front(Ops& ops, const MoeFwdShape& s) {
 }
 
 template <class Ops>
-KOSMOS_HD void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
+KOSMOS_MOE_INLINE void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
   const int n = moe_n_move(s);
   for (int q = ops.claim(MoeQueue::kMove); q < n; q = ops.claim(MoeQueue::kMove)) {
     const MoeMove m = moe_move_item(s, q);
@@ -138,7 +143,7 @@ struct MoeBuilds {
   const MoeFwdShape& s;
   const MoeLayout& L;
 
-  KOSMOS_HD bool next(MoeTile* t) {
+  KOSMOS_MOE_INLINE bool next(MoeTile* t) {
     const int j = ops.claim(MoeQueue::kBuild);
     if (j >= moe_n_build(s, L)) return false;
     *t = moe_build_item(s, L, j);
@@ -146,7 +151,7 @@ struct MoeBuilds {
   }
   // A GEMM1 tile waits only on the sources whose rows its row block holds; a
   // GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
-  KOSMOS_HD void start(const MoeTile& t) {
+  KOSMOS_MOE_INLINE void start(const MoeTile& t) {
     if (t.gemm == 1) {
       for (int src = 0; src < s.ep; ++src)
         if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
@@ -154,7 +159,7 @@ struct MoeBuilds {
       ops.wait(MoeFlag::kGemm1, t.rb);
     }
   }
-  KOSMOS_HD void done(const MoeTile& t) {
+  KOSMOS_MOE_INLINE void done(const MoeTile& t) {
     if (t.gemm == 1) {
       if (ops.count(MoeCount::kGemm1, t.rb, s.nt1)) ops.release(MoeFlag::kGemm1, s.rank, t.rb);
     } else {
@@ -166,7 +171,7 @@ struct MoeBuilds {
 // Up to `most` tiles (< 0: until the queue is empty) one at a time; returns how
 // many ran. `Ops` supplies gemm1(t) / gemm2(t) beside the control words.
 template <class Ops>
-KOSMOS_HD int moe_build_serial(Ops& ops, MoeBuilds<Ops> b, int most) {
+KOSMOS_MOE_INLINE int moe_build_serial(Ops& ops, MoeBuilds<Ops> b, int most) {
   int n = 0;
   for (MoeTile t; (most < 0 || n < most) && b.next(&t); ++n) {
     b.start(t);
@@ -176,15 +181,8 @@ KOSMOS_HD int moe_build_serial(Ops& ops, MoeBuilds<Ops> b, int most) {
   return n;
 }
 
-// Builds until the GEMM queue is empty: ops.build(L, most) runs up to `most`
-// tiles of MoeBuilds (< 0: all), returning how many it ran.
 template <class Ops>
-KOSMOS_HD void moe_build_rest(Ops& ops, const MoeLayout& L) {
-  ops.build(L, -1);
-}
-
-template <class Ops>
-KOSMOS_HD bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+KOSMOS_MOE_INLINE bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
   int row;
   const int rows = moe_unit_rows(s, L, c, &row);
   for (int rb = row / s.tile_m; rows > 0 && rb <= (row + rows - 1) / s.tile_m; ++rb)
@@ -195,7 +193,7 @@ KOSMOS_HD bool moe_unit_ready(Ops& ops, const MoeFwdShape& s, const MoeLayout& L
 // Pushes unit c once its row blocks are done (waits return at once after a
 // successful moe_unit_ready). A unit without rows writes and releases nothing.
 template <class Ops>
-KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
+KOSMOS_MOE_INLINE void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, const MoeUnit& c) {
   int row;
   const int rows = moe_unit_rows(s, L, c, &row);
   if (rows == 0) return;
@@ -204,35 +202,47 @@ KOSMOS_HD void moe_push_unit(Ops& ops, const MoeFwdShape& s, const MoeLayout& L,
   ops.release(MoeFlag::kReturned, c.dst, s.rank * s.e_local + c.x);
 }
 
-// A mover after dispatch: two-way, holding one claimed unit at a time; then
-// whatever tiles are left.
-// switching = false: a fixed crew (the benchmarks' comparison, paper Table 2):
-// movers never build, they wait for each unit.
+// After the front (and a mover's dispatch): the GEMM tiles, and a mover's
+// combine units between them. A builder builds until the build queue is
+// empty. A mover is two-way: it holds one claimed unit at a time, pushes it
+// once ready, else builds one tile; its units done, it builds whatever is
+// left. switching = false, a fixed crew (the benchmarks' comparison, paper
+// Table 2): movers never build, they wait for each unit. ops.build(L, most)
+// runs up to `most` tiles of MoeBuilds (< 0: until the queue is empty) and
+// returns how many; it has this one call site, so a Hopper kernel holds each
+// GEMM's tile engine once.
 template <class Ops>
-KOSMOS_HD void moe_two_way(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, bool switching) {
+KOSMOS_MOE_INLINE void moe_build_phase(Ops& ops, const MoeFwdShape& s, const MoeLayout& L, bool mover,
+                                       bool switching) {
   const int n_units = moe_n_units(s);
-  bool tiles = switching;
-  for (int u = ops.claim(MoeQueue::kCombine); u < n_units;) {
-    const MoeUnit c = moe_unit_item(s, u);
-    if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) == MoeStep::kBuild) {
-      tiles = ops.build(L, 1) == 1;
-      continue;
+  bool tiles = switching || !mover;
+  int u = mover ? ops.claim(MoeQueue::kCombine) : n_units;
+  for (;;) {
+    if (u < n_units) {
+      const MoeUnit c = moe_unit_item(s, u);
+      if (moe_two_way_step(moe_unit_ready(ops, s, L, c), tiles) != MoeStep::kBuild) {
+        moe_push_unit(ops, s, L, c);
+        u = ops.claim(MoeQueue::kCombine);
+        continue;
+      }
+    } else if (!tiles) {
+      return;
     }
-    moe_push_unit(ops, s, L, c);
-    u = ops.claim(MoeQueue::kCombine);
+    const int most = u < n_units ? 1 : -1;  // one tile while a unit is held, else the rest
+    const int ran = ops.build(L, most);
+    if (most < 0 || ran < most) tiles = false;
   }
-  if (tiles) moe_build_rest(ops, L);
 }
 
 template <class Ops>
-KOSMOS_HD void moe_combine_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
+KOSMOS_MOE_INLINE void moe_combine_rest(Ops& ops, const MoeFwdShape& s, const MoeLayout& L) {
   const int n = moe_n_units(s);
   for (int u = ops.claim(MoeQueue::kCombine); u < n; u = ops.claim(MoeQueue::kCombine))
     moe_push_unit(ops, s, L, moe_unit_item(s, u));
 }
 
 template <class Ops>
-KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
+KOSMOS_MOE_INLINE void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
   const int nb = moe_blocks(s), E = moe_experts(s);
   const int* ends = ops.ends();
   for (int b = ops.claim(MoeQueue::kFold); b < nb; b = ops.claim(MoeQueue::kFold)) {
@@ -268,16 +278,13 @@ KOSMOS_HD void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 // sends its counts (waiting only on the peers' CTA 0 announcements), dispatches
 // every part, then alternates units and tiles, and folds last.
 template <class Ops>
-KOSMOS_HD void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers, bool switching = true) {
+KOSMOS_MOE_INLINE void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers, bool switching = true) {
   if (cta == 0) ops.announce_ready();
   moe_front(ops, s);
   const MoeLayout& L = ops.layout();
-  if (moe_initial_role(cta, grid, movers) == Role::kMover) {
-    moe_dispatch(ops, s);
-    moe_two_way(ops, s, L, switching);
-  } else {
-    moe_build_rest(ops, L);
-  }
+  const bool mover = moe_initial_role(cta, grid, movers) == Role::kMover;
+  if (mover) moe_dispatch(ops, s);
+  moe_build_phase(ops, s, L, mover, switching);
   moe_combine_rest(ops, s, L);
   moe_fold_all(ops, s);
   ops.finish(grid);
