@@ -258,17 +258,19 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
 
 def floor_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int) -> tuple:
   """Pre-permuted balanced rows for the floor's GEMMs, random (each GEMM's own input,
-  as the GEMMs alone need no SwiGLU between them): (a1 [M, h], a2 [M, I], w1, w2,
-  tile_expert[, shared a1 [t, h], shared a2 [t, I_s], shared w1, w2, tiles])."""
+  as the GEMMs alone need no SwiGLU between them): (a1 [M, h], a2 [M, I], gate_up, down,
+  tile_expert[, shared a1 [t, h], shared a2 [t, I_s], shared gate_up, down, tiles]).
+  The weights are the layer's own arrays (floor_arm reshapes them under jit, for free:
+  an eager reshape would copy 20 GB of Maverick's)."""
   e, h, i, si = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.shared_expert_intermediate
   per, te = gg.balanced_tiles(-(-t * cfg.top_k // e), e)
   k1, k2, k3, k4 = jax.random.split(jax.random.key(2000 + seed), 4)
-  out = (_normal(k1, (e * per, h), 1.0), _normal(k2, (e * per, i), 1.0), p["gate_up"].reshape(e, h, 2 * i),
-         p["down"], jnp.asarray(te))
+  out = (_normal(k1, (e * per, h), 1.0), _normal(k2, (e * per, i), 1.0), p["gate_up"], p["down"],
+         jnp.asarray(te))
   if si:
     rows, te1 = gg.balanced_tiles(t, 1)  # t rows, padded to whole tiles
-    out += (_normal(k3, (rows, h), 1.0), _normal(k4, (rows, si), 1.0), p["shared_gate_up"].reshape(1, h, 2 * si),
-            p["shared_down"][None], jnp.asarray(te1))
+    out += (_normal(k3, (rows, h), 1.0), _normal(k4, (rows, si), 1.0), p["shared_gate_up"], p["shared_down"],
+            jnp.asarray(te1))
   return out
 
 
@@ -277,11 +279,12 @@ def floor_arm():
   if not ok:
     raise Unavailable(f"floor: {why}")
 
-  def f(a1, a2, w1, w2, te, *shared):
-    out = (gg.grouped_gemm(a1, w1, te), gg.grouped_gemm(a2, w2, te))
-    if shared:
-      s1, s2, sw1, sw2, te1 = shared
-      out += (gg.grouped_gemm(s1, sw1, te1), gg.grouped_gemm(s2, sw2, te1))
+  def f(a1, a2, gate_up, down, te, *shared):
+    e, h = gate_up.shape[:2]
+    out = (gg.grouped_gemm(a1, gate_up.reshape(e, h, -1), te), gg.grouped_gemm(a2, down, te))
+    if shared:  # the one always-on expert as a one-expert grouped GEMM
+      s1, s2, sgu, sd, te1 = shared
+      out += (gg.grouped_gemm(s1, sgu.reshape(1, h, -1), te1), gg.grouped_gemm(s2, sd[None], te1))
     return out
 
   return jax.jit(f)
