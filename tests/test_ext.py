@@ -41,7 +41,9 @@ def test_every_fused_op_has_its_registered_target():
   # KOSMOS_WITH_MOE_FWD; before, its op is registered in Python and raises, naming
   # the missing target. Drop it from here once the handler is always built.
   pending = {"kosmos_moe_forward"}
-  assert want - pending <= got <= want, "the module's targets and the ops' fused kernels differ"
+  # Benchmark facilities, not ops (kosmos_jax.testing): the MoE floor's grouped GEMM.
+  facilities = {"kosmos_grouped_gemm"}
+  assert want - pending <= got <= want | facilities, "the module's targets and the ops' fused kernels differ"
   for name in sorted(got):
     assert _ext.has_target(name, "cuda"), f"{name}: exported but not registered: {_ext._registered()[1]}"
 

@@ -14,6 +14,10 @@ The residuals are the twin's, less the dispatched rows (xr = h1 = None: the kern
 arena is scratch), so the layer's backward, which runs the twin (ops.moe_backward
 has no kernel yet), recomputes them by the dropless pass.
 
+No capacity: at EP = 1 the kernel's arena holds every pair (R rows below), so it never
+falls back. The layout, and so routing_stats' capacity_fill and dropless_fallback,
+still say what the twin's capped buffers would have done with this routing.
+
 The FFI contract (kosmos_moe_forward, platform CUDA):
   operands  x [t, h] bf16; indices [t, k] int32 (Routing.indices); weights [t, k] f32
             (Routing.weights); w1 [E, h, 2I] bf16 (gate_up, gate then up, a free
