@@ -16,4 +16,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_ag_nn_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_ag_nn_cuda);
 // kosmos_bulk_rs_nt: reduce_scatter_rows(dx_partial) beside x_gathered.T @ dy, fused (kernels/tp/bulk_rs.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
+// kosmos_moe_forward: the MoE layer's forward at EP = 1 in one launch: plan, gather,
+// GEMM1 + SwiGLU, GEMM2, fold (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
 #endif

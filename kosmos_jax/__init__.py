@@ -6,7 +6,7 @@ into GEMMs, for JAX (see README.md). Public API only.
   kosmos_jax.tp             TP+SP linears with custom_vjp (inside shard_map)
   kosmos_jax.moe            expert-parallel MoE layer (inside shard_map)
   kosmos_jax.nn             Flax NNX modules (+ Linen adapters)
-  kosmos_jax.kernel_config  the fused kernels' knobs: AgConfig, RsConfig (also here)
+  kosmos_jax.kernel_config  the fused kernels' knobs: AgConfig, RsConfig, MoeLaunch (also here)
   kosmos_jax.runtime        symmetric heap setup, device queries
   kosmos_jax.trace          per-CTA role timelines of the kernels
 """
@@ -15,9 +15,9 @@ into GEMMs, for JAX (see README.md). Public API only.
 from kosmos_jax import kernel_config, ops, reference, runtime, tp, trace
 from kosmos_jax import moe, nn
 from kosmos_jax._ext import available
-from kosmos_jax.kernel_config import AgConfig, RsConfig
+from kosmos_jax.kernel_config import AgConfig, MoeLaunch, RsConfig
 
 __version__ = "0.1.0"
 
 __all__ = ["ops", "reference", "tp", "moe", "nn", "kernel_config", "runtime", "trace", "AgConfig",
-           "RsConfig", "available", "__version__"]
+           "RsConfig", "MoeLaunch", "available", "__version__"]

@@ -6,7 +6,9 @@ One config type per fused op family, passed as `config=` to the op (and through
   AgConfig  ops.ag_tn, ops.ag_nn, ops.bulk_ag_nn (the all-gather family) and
             ops.bulk_rs_nt (whose movers are the CTAs that start pushing)
   RsConfig  ops.tn_rs
-Exported as kosmos_jax.AgConfig / kosmos_jax.RsConfig. The reference path checks
+  MoeLaunch ops.moe_forward, as `launch=` (its `config=` is the layer's MoEConfig;
+            also `launch=` of moe.moe_layer and nn.MoE)
+Exported as kosmos_jax.AgConfig / RsConfig / MoeLaunch. The reference path checks
 a config's type and ignores its fields, as it ignores cu_cap. The rules are
 evaluated once per shape on the host, at trace time: no per-call tuning.
 
@@ -203,6 +205,30 @@ class RsConfig:
     if not self.switching and self.reducers == 0:
       raise ValueError("RsConfig: switching=False with reducers=0 leaves nobody to reduce; "
                        "give reducers >= 1 (or None for the default)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeLaunch:
+  """Fused MoE forward launch knobs: `launch=` of ops.moe_forward (and of
+  moe.moe_layer and nn.MoE). The grid's cap is the ops' own `cu_cap=`.
+
+  movers: CTAs that start as movers (they gather token rows into the expert-major
+    arena, then switch); None = the kernel's own rule for the shape. Only movers
+    dispatch, so at least 1.
+  switching: True (default): movers whose queue is empty switch to building GEMM
+    tiles and pushing ready units (paper §3.3.1). False: a fixed mover crew, to
+    measure what switching buys (a benchmark arm); same results, bit for bit.
+  """
+  movers: int | None = None
+  switching: bool = True
+
+  def __post_init__(self):
+    m = self.movers
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+      raise ValueError(f"MoeLaunch: movers={m!r} must be an int >= 1 or None (only movers dispatch, "
+                       "so the crew is never empty)")
+    if not isinstance(self.switching, bool):
+      raise ValueError(f"MoeLaunch: switching={self.switching!r} must be a bool")
 
 
 def heap_mb_from_env() -> int:

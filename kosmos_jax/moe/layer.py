@@ -3,6 +3,11 @@
 The rule's forward / backward are exactly the two per-device ops the megakernels
 implement (`ops.moe_forward`, `ops.moe_backward`, paper §3.3.1 / §3.3.2), so a kernel
 replaces the inside of the rule and nothing a user sees changes.
+
+Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel (EP = 1 so far)
+and the backward runs whichever path ops.moe_backward has: its twin until its
+megakernel exists, on the fused forward's residuals. So jax.grad of the layer works
+under impl='fused', with the forward fused and the backward the twin's XLA ops.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from kosmos_jax import _compat, ops
+from kosmos_jax.kernel_config import MoeLaunch
+from kosmos_jax.ops.moe import check_launch
 from kosmos_jax.reference.moe import RoutingStats, routing_stats
 from kosmos_jax.reference.moe_config import MoEConfig
 
@@ -20,35 +27,42 @@ _RENAMED = {"w1": "gate_up", "w2": "down", "shared_w1": "shared_gate_up", "share
 
 
 def _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-             precision, cu_cap):
+             precision, cu_cap, launch):
   y, aux, res = ops.moe_forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias,
                                 config=config, axis_name=axis_name, impl=impl, precision=precision,
-                                cu_cap=cu_cap)
+                                cu_cap=cu_cap, launch=launch)
   return (y, aux, routing_stats(res, config, axis_name)), res
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
 def _moe(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-         precision, cu_cap):
+         precision, cu_cap, launch):
   return _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name,
-                  impl, precision, cu_cap)[0]
+                  impl, precision, cu_cap, launch)[0]
 
 
 def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-             precision, cu_cap):
+             precision, cu_cap, launch):
   out, res = _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config,
-                      axis_name, impl, precision, cu_cap)
+                      axis_name, impl, precision, cu_cap, launch)
   return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
 
 
-def _moe_bwd(config, axis_name, impl, precision, cu_cap, saved, cts):
+def _backward_impl(impl):
+  """The backward's path: `impl`, except that where ops.moe_backward has no fused
+  kernel a fused forward is paired with the twin's backward (which reads the fused
+  forward's residuals), rather than a backward that raises."""
+  return impl if ops.fused_status("moe_backward")[0] else "reference"
+
+
+def _moe_bwd(config, axis_name, impl, precision, cu_cap, launch, saved, cts):
   res, router_w, gate_up, down, shared_gate_up, shared_down, bias = saved
   dy, daux, _ = cts  # the routing statistics are counts: nothing flows back through them
   primals = (res.x, router_w, gate_up, down, shared_gate_up, shared_down)
   dy = _compat.pvary_to(dy, _compat.vma(res.x))
   grads = ops.moe_backward(res, dy, daux, router_w, gate_up, down, shared_gate_up, shared_down,
-                           config=config, axis_name=axis_name, impl=impl, precision=precision,
-                           cu_cap=cu_cap)
+                           config=config, axis_name=axis_name, impl=_backward_impl(impl),
+                           precision=precision, cu_cap=cu_cap)
   # Replicated weights (router, shared expert) got per-rank partial gradients: sum them.
   grads = tuple(None if g is None else _compat.reduce_to_vma(g, _compat.vma(p))
                 for g, p in zip(grads, primals))
@@ -73,7 +87,7 @@ def _check_params(params: dict) -> None:
 
 
 def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, precision=None,
-              cu_cap=None, return_stats: bool = False):
+              cu_cap=None, launch: MoeLaunch | None = None, return_stats: bool = False):
   """Expert-parallel MoE layer, per device: call inside jax.shard_map over `axis_name`.
 
   Args:
@@ -89,10 +103,11 @@ def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, preci
     impl: None (KOSMOS_IMPL), 'auto', 'reference' or 'fused'.
     precision: jax.lax.Precision of every dot (None = JAX's default); the fused
       kernels accept only None.
-    cu_cap: at most this many SMs for the fused megakernels. There is no MoE
-      kernel yet, so only the reference path runs, which checks it and ignores
-      it; nor is there a launch-knob config type for MoE (`config` is the model's
-      MoEConfig).
+    cu_cap: at most this many SMs for the fused megakernels (the reference path
+      checks it and ignores it).
+    launch: kernel_config.MoeLaunch, the fused forward's movers and role switching
+      (None: its defaults; the reference path checks its type and ignores it).
+      The fused forward runs at EP = 1 only so far; its backward is the twin's.
     return_stats: also return this step's `RoutingStats` (per-expert counts, max
       load, capacity fill, whether the dropless fallback ran), over the EP group.
   Returns:
@@ -100,6 +115,7 @@ def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, preci
     plus the RoutingStats when return_stats=True.
   """
   _check_params(params)
+  launch = check_launch("moe_layer", launch)  # before the custom_vjp, which keeps it as a static
   if x.ndim < 2 or x.shape[-1] != config.hidden:
     raise ValueError(f"moe_layer: x.shape={tuple(x.shape)} must be [..., tokens, "
                      f"hidden={config.hidden}]")
@@ -109,7 +125,7 @@ def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, preci
     bias = jax.lax.stop_gradient(bias)
   y, aux, stats = _moe(x.reshape(-1, x.shape[-1]), params["router_w"], params["gate_up"],
                        params["down"], params.get("shared_gate_up"), params.get("shared_down"),
-                       bias, config, axis_name, impl, precision, cu_cap)
+                       bias, config, axis_name, impl, precision, cu_cap, launch)
   y = y.reshape(*lead, y.shape[-1])
   # Counts and their ratios: no gradient (and none wanted through a later pmax of them).
   stats = jax.tree.map(jax.lax.stop_gradient, stats)

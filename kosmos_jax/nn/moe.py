@@ -21,6 +21,8 @@ from jax.sharding import PartitionSpec as P
 from kosmos_jax.moe import MoEConfig, RoutingStats, moe_layer, reduce_stats
 from kosmos_jax.nn import _spmd
 from kosmos_jax.nn.mlp import gate_up_init
+from kosmos_jax.kernel_config import MoeLaunch
+from kosmos_jax.ops.moe import check_launch
 from kosmos_jax.ops.tp import check_cap
 
 Dtype = Any
@@ -60,9 +62,10 @@ class MoE(nnx.Module):
 
   precision: jax.lax.Precision of every dot of the layer (None = JAX's default; the
   fused kernels accept only None). use_bias must stay False (no bias epilogue).
-  cu_cap: at most this many SMs for the fused megakernels; there is no MoE kernel
-  yet, so it is checked and the reference path ignores it (nor is there a
-  launch-knob config type for MoE yet: `config` is the model's MoEConfig).
+  cu_cap: at most this many SMs for the fused megakernels; launch: their other knobs
+  (kernel_config.MoeLaunch: movers, role switching; `config` is the model's
+  MoEConfig). The reference path checks both and ignores them. impl='fused' runs
+  the fused forward (EP = 1 so far: an ep_axis of size 1) and the twin's backward.
   """
 
   def __init__(self, config: MoEConfig, *, mesh: jax.sharding.Mesh, ep_axis: str = "ep",
@@ -70,11 +73,12 @@ class MoE(nnx.Module):
                param_dtype: Dtype = jnp.float32, precision=None, expert_init=default_expert_init,
                kernel_init=default_kernel_init, promote_dtype=dtypes.promote_dtype,
                record_stats: bool = True, impl: str | None = None, cu_cap: int | None = None,
-               rngs: nnx.Rngs):
+               launch: MoeLaunch | None = None, rngs: nnx.Rngs):
     if not isinstance(config, MoEConfig):
       raise TypeError(f"MoE: config must be a MoEConfig, got {type(config).__name__}")
     _spmd.check_module("MoE", impl=impl, use_bias=use_bias)
     check_cap("MoE", cu_cap)
+    check_launch("MoE", launch)
     _spmd.check_axes(mesh, ep_axis=ep_axis, dp_axis=dp_axis)
     ep = mesh.shape[ep_axis]
     if config.num_experts % ep:
@@ -82,7 +86,7 @@ class MoE(nnx.Module):
                        f"'{ep_axis}' axis size ep={ep}")
     self.config, self.mesh, self.ep_axis, self.dp_axis = config, mesh, ep_axis, dp_axis
     self.dtype, self.param_dtype, self.precision, self.impl = dtype, param_dtype, precision, impl
-    self.promote_dtype, self.cu_cap = promote_dtype, cu_cap
+    self.promote_dtype, self.cu_cap, self.launch = promote_dtype, cu_cap, launch
     e, h, i, si = (config.num_experts, config.hidden, config.expert_intermediate,
                    config.shared_expert_intermediate)
 
@@ -121,7 +125,8 @@ class MoE(nnx.Module):
 
     def local(x, *params):
       y, aux, stats = moe_layer(x, dict(zip(names, params)), cfg, axis_name=ep, impl=self.impl,
-                                precision=self.precision, cu_cap=self.cu_cap, return_stats=True)
+                                precision=self.precision, cu_cap=self.cu_cap, launch=self.launch,
+                                return_stats=True)
       if dp is not None:
         aux, stats = jax.lax.pmean(aux, dp), reduce_stats(stats, dp)
       return (y, aux, stats) if self.record_stats else (y, aux)

@@ -14,16 +14,25 @@ Shapes (per device; ep = size of `axis_name`; E_l = num_experts / ep):
 
 `precision` (a jax.lax.Precision, or None for JAX's default) reaches every dot of the
 reference twin; the fused kernels have one precision of their own, so they refuse any
-other value rather than ignore it. `cu_cap` (at most that many SMs) is for the fused
-megakernels; there is no MoE kernel yet, so it is checked and the reference twin
-ignores it, as every op's reference path does. The MoE ops have no launch-knob
-config type of their own yet (their `config` is the layer's MoEConfig).
+other value rather than ignore it. `cu_cap` (at most that many SMs) and `launch`
+(kernel_config.MoeLaunch: the movers and role switching; `config` is already the
+layer's MoEConfig) are for the fused megakernel; the reference twin checks them and
+ignores them, as every op's reference path does.
+
+Fused paths so far (kosmos_jax/ops/_fused_moe.py): moe_forward at EP = 1 (an
+`axis_name` of size 1), bf16, with the router and the shared expert in XLA around
+the one launch; at EP > 1 impl='fused' raises NotImplementedError. moe_backward has
+no kernel: the layer (kosmos_jax.moe.moe_layer) runs its twin on the fused forward's
+residuals, so jax.grad works under impl='fused' (forward fused, backward twin); asked
+for directly with impl='fused', moe_backward raises. The fused moe_forward is not
+differentiable by itself: differentiate the layer, whose custom_vjp pairs the ops.
 """
 from __future__ import annotations
 
 from kosmos_jax import reference
 from kosmos_jax.ops import _checks as chk
 from kosmos_jax.ops._dispatch import choose, fused
+from kosmos_jax.kernel_config import MoeLaunch
 from kosmos_jax.ops.tp import check_cap
 from kosmos_jax.reference.moe_config import MoEConfig
 
@@ -67,27 +76,41 @@ def check_operands(op: str, x, router_w, gate_up, down, shared_gate_up, shared_d
     _shape(op, "bias", bias, (e,))
 
 
-def _run(op: str, impl, precision, cu_cap, args: tuple, kwargs: dict):
+def check_launch(op: str, launch) -> MoeLaunch:
+  """`launch` as a MoeLaunch (None: the defaults); TypeError for any other type."""
+  if launch is None:
+    return MoeLaunch()
+  if type(launch) is not MoeLaunch:
+    raise TypeError(f"{op}: launch={launch!r} must be of type MoeLaunch (or None); `config` is the "
+                    "layer's MoEConfig, the fused kernel's knobs go in launch=")
+  return launch
+
+
+def _run(op: str, impl, precision, cu_cap, args: tuple, kwargs: dict, fused_kwargs: dict | None = None):
   check_cap(op, cu_cap)
   if choose(op, impl) == "fused":
     if precision is not None:
       raise ValueError(f"{op}: precision={precision!r} cannot be honoured by the fused kernel "
                        "(it has one precision of its own); pass precision=None, or "
                        "impl='reference' for the twin at that precision")
-    return fused(op)(*args, **kwargs, cu_cap=cu_cap)
+    return fused(op)(*args, **kwargs, **(fused_kwargs or {}), cu_cap=cu_cap)
   return getattr(reference, op)(*args, **kwargs, precision=precision)
 
 
 def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
-                config: MoEConfig, axis_name, impl=None, precision=None, cu_cap=None):
+                config: MoEConfig, axis_name, impl=None, precision=None, cu_cap=None,
+                launch: MoeLaunch | None = None):
   """Whole MoE layer forward: route, plan, dispatch, GEMM1+SwiGLU, GEMM2, combine,
-  fold (+ shared expert). Returns (y, aux_loss, residuals)."""
+  fold (+ shared expert). Returns (y, aux_loss, residuals). launch: MoeLaunch
+  knobs of the fused kernel (None: its defaults)."""
   op = "moe_forward"
   ep = chk.axis_size(op, axis_name)
   check_operands(op, x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, ep)
+  launch = check_launch(op, launch)
   bias = bias if config.use_expert_bias else None
   args = (x, router_w, gate_up, down, shared_gate_up, shared_down, bias)
-  return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name))
+  return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name),
+              dict(launch=launch))
 
 
 def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=None,

@@ -29,6 +29,13 @@ and the receiver packs what arrived expert-major, then runs each expert's GEMMs 
 its own rows in tiles of `TILE_ROWS` (a loop: the rows per expert are data, the shapes
 are not). The pass saves no expert activations; its backward recomputes them, so the
 residuals keep static shapes.
+
+Residuals without dispatched rows. `MoEResiduals.xr` (and `h1`) may be None: the
+dropless pass saves none, and neither does the fused forward (ops.moe_forward with
+impl='fused', kosmos_jax/ops/_fused_moe.py), whose rows live in the kernel's scratch.
+The backward then recomputes the expert activations through the dropless pass, as it
+does after a dropless forward, whatever `layout.overflow` says. So the layer's
+backward under impl='fused' is this twin, run on the fused forward's residuals.
 """
 from __future__ import annotations
 
@@ -328,13 +335,16 @@ def shared_backward(dy, x, hs, sw1, sw2, precision=None):
 # ---- the layer -----------------------------------------------------------------
 
 class MoEResiduals(NamedTuple):
-  """What the forward keeps for the backward (the megakernel keeps the same)."""
+  """What the forward keeps for the backward (the megakernel keeps the same, except
+  that the fused forward saves no dispatched rows: xr = h1 = None, and the backward
+  recomputes them by the dropless pass)."""
   x: jax.Array             # [t, h] local tokens: router and shared-expert backward
   routing: rt.Routing      # indices, fp32 weights, fp32 logits, counts
   layout: Layout           # send layout and the overflow flag
   xr: jax.Array | None     # [E_l, ep*C, h] dispatched rows: wgrad1 (zeros after a fallback;
-                           # None where the dropless pass is the only one)
-  h1: jax.Array | None     # [E_l, ep*C, 2I] GEMM1 pre-activations (as xr)
+                           # None where the dropless pass is the only one, and after the
+                           # fused forward: the backward then recomputes them)
+  h1: jax.Array | None     # [E_l, ep*C, 2I] GEMM1 pre-activations (None exactly when xr is)
   rows: jax.Array | None   # [t, k, h] expert outputs Y_j at their owner, for dg = <dY, Y_j>
                            # (output gating; None for input gating)
   hs: jax.Array | None     # [t, 2*I_shared] shared-expert pre-activations
@@ -437,13 +447,14 @@ def _dropless_bwd(rows, dy_rows, layout, w1, w2, axis_name, precision):
 
 
 def _experts_bwd(res: MoEResiduals, dy_rows, w1, w2, config, axis_name, precision):
-  """(d expert-input rows [t, k, h], dw1 [E_l, h, 2I], dw2) by the pass the forward took."""
+  """(d expert-input rows [t, k, h], dw1 [E_l, h, 2I], dw2) by the pass the forward took,
+  or by the dropless pass where the forward saved no rows (res.xr is None)."""
   x, layout = res.x, res.layout
   t = x.shape[0]
   cap = config.capacity(t)
   rows = lambda: _expert_inputs(x, res.routing.weights, config)
   dropless = lambda: _dropless_bwd(rows(), dy_rows, layout, w1, w2, axis_name, precision)
-  if cap >= t:
+  if cap >= t or res.xr is None:  # nothing saved (dropless or fused forward): recompute
     return dropless()
   like = (x, dy_rows, w1, w2)
   capped = lambda: _capped_bwd(dy_rows, res.xr, res.h1, layout, w1, w2, cap, axis_name, precision)

@@ -10,6 +10,11 @@ module of `kosmos_jax.ops`.
   fused_ops()      the ops with a fused kernel registered
   fake_fused()     stand-in fused kernels for CPU tests of the dispatch
   fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
+  moe_forward_kernel()  the fused MoE forward's launch alone, on given routing:
+                   (y, y_rows, pair_row); moe_arena_rows() / moe_workspace_bytes()
+                   its R and W; moe_forward_built() whether its target is compiled
+  grouped_gemm     the MoE expert GEMMs alone (`kosmos_grouped_gemm`): the MoE
+                   benchmark's floor (kosmos_jax/testing/grouped_gemm.py)
 """
 from __future__ import annotations
 
@@ -20,13 +25,36 @@ from typing import Callable
 import numpy as np
 
 from kosmos_jax import _ext, runtime
-from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_tp
+from kosmos_jax.kernel_config import MoeLaunch
+from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_moe, _fused_tp
+from kosmos_jax.testing import grouped_gemm  # noqa: F401  (kosmos_jax.testing.grouped_gemm)
 
 TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
 # The module attribute holding each fused op's primitive (what fused_on_cpu can stand in for).
 _PRIMITIVES = {"ag_tn": (_fused_tp, "ag_tn_p"), "tn_rs": (_fused_tp, "tn_rs_p"),
                "ag_nn": (_fused_tp, "ag_nn_p"), "bulk_ag_nn": (_fused_tp, "bulk_ag_nn_p"),
-               "bulk_rs_nt": (_fused_bulk_rs, "bulk_rs_nt_p"), "matmul": (_fused_gemm, "matmul_p")}
+               "bulk_rs_nt": (_fused_bulk_rs, "bulk_rs_nt_p"), "matmul": (_fused_gemm, "matmul_p"),
+               "moe_forward": (_fused_moe, "moe_forward_p")}
+def moe_forward_built() -> bool:
+  """Whether the extension exports the fused MoE forward's target (a CUDA build
+  with its handler)."""
+  return _ext.has_target(_fused_moe.TARGET, "cuda")
+
+
+moe_arena_rows = _fused_moe.arena_rows
+moe_workspace_bytes = _fused_moe.workspace_bytes
+MOE_TILE_ROWS = _fused_moe.TILE_ROWS
+
+
+def moe_forward_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bool, cu_cap=None,
+                       launch: MoeLaunch | None = None):
+  """The fused MoE forward's launch alone (EP = 1, any jit or shard_map context), on
+  routing made elsewhere: x [t, h] bf16, indices [t, k] int32, weights [t, k] f32,
+  w1 [E, h, 2I] and w2 [E, I, h] bf16, y0 [t, h] f32 (the shared expert's output, added
+  in the fold) or None. Returns (y [t, h], y_rows [R, h], pair_row [t, k]): every
+  pair's expert output row in arena order, and where pair (token, slot) is."""
+  return _fused_moe.launch_kernel(x, indices, weights, w1, w2, y0, input_gating=input_gating, cu_cap=cu_cap,
+                                  launch=launch or MoeLaunch())
 
 
 def builder_runs() -> dict[str, dict[str, int]]:

@@ -1,0 +1,174 @@
+"""Fused MoE forward behind kosmos_jax.ops.moe_forward (EP = 1): the `kosmos_moe_forward`
+FFI target (csrc/moe_fwd_cuda.cu), one persistent launch that plans the (token, slot)
+pairs, gathers their token rows into expert-major arena rows, and runs GEMM1 with its
+SwiGLU epilogue, GEMM2 and the fold (kernels/moe/fwd_sched.h).
+
+Around the launch, in XLA, exactly as the twin (kosmos_jax.reference.moe) computes them:
+  - routing (router logits, top-k, combine weights) and the aux loss (moe_router);
+  - the shared expert (reference.moe.shared_forward): its fp32 output goes into the
+    launch, whose fold adds it before the one rounding (fold, then + y_s, then round:
+    the twin's order);
+  - the layout (reference.moe.plan): cheap, and the backward and routing_stats read it.
+
+The residuals are the twin's, less the dispatched rows (xr = h1 = None: the kernel's
+arena is scratch), so the layer's backward, which runs the twin (ops.moe_backward
+has no kernel yet), recomputes them by the dropless pass.
+
+No capacity: at EP = 1 the kernel's arena holds every pair (R rows below), so it never
+falls back. The layout, and so routing_stats' capacity_fill and dropless_fallback,
+still say what the twin's capped buffers would have done with this routing.
+
+The FFI contract (kosmos_moe_forward, platform CUDA):
+  operands  x [t, h] bf16; indices [t, k] int32 (Routing.indices); weights [t, k] f32
+            (Routing.weights); w1 [E, h, 2I] bf16 (gate_up, gate then up, a free
+            reshape); w2 [E, I, h] bf16 (down); y0 [t, h] f32, the shared expert's
+            output, when add_y0 = 1, else a (1,) f32 array the kernel ignores.
+  attrs     (int64) input_gating: 1 for MoEConfig.gating == "input" (each dispatched
+            row scaled by its weight and rounded to bf16, as the twin's
+            _expert_inputs, then folded with weight 1); add_y0; cu_cap (0: no cap;
+            the grid is min(SMs, cu_cap)); movers (-1: the kernel's rule); switching
+            (1 by default; 0: a fixed mover crew).
+  results   y [t, h] bf16; y_rows [R, h] bf16, every pair's expert output row in
+            arena order; pair_row [t, k] int32, the row of y_rows holding pair
+            (token, slot); ws [W] uint8 scratch (arena_rows, workspace_bytes).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from kosmos_jax import _compat, _ext, runtime
+from kosmos_jax.kernel_config import MoeLaunch
+from kosmos_jax.ops._dispatch import register_fused
+from kosmos_jax.reference import moe as ref
+from kosmos_jax.reference import moe_router as rt
+from kosmos_jax.reference.moe_config import MoEConfig
+
+TARGET = "kosmos_moe_forward"
+# kernels/moe: rows per GEMM row block (each expert's arena segment is padded to it),
+# tokens per plan/fold block, and the most experts route.h handles.
+TILE_ROWS = 128
+BLOCK_TOKENS = 128
+MAX_EXPERTS = 512
+# The tile engine's k-blocks of h (GEMM1's contraction, GEMM2's column blocks) and
+# the SwiGLU pairs of GEMM1's column blocks (gate and up halves of one tile).
+HIDDEN_MULTIPLE = 64
+INTERMEDIATE_MULTIPLE = 128
+CTRL_BYTES = 65536  # the workspace's control block: flags, counters, layout
+ALIGN = 1024        # every workspace region starts on a 1 KiB boundary
+
+
+def _roundup(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def arena_rows(t: int, k: int, e: int) -> int:
+  """R, the rows of y_rows: a dropless arena at EP = 1, every pair a row (a token
+  picks an expert at most once, so t * min(k, E) of them) and each of the E expert
+  segments padded up to TILE_ROWS (at most TILE_ROWS - 1 rows each), rounded to a
+  whole row block."""
+  return _roundup(t * min(k, e) + e * (TILE_ROWS - 1), TILE_ROWS)
+
+
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int) -> int:
+  """W, the scratch bytes of one launch; the C++ handler refuses a smaller ws, naming
+  both sizes. In order: the control block; 32 bytes of flags per row block; the plan's
+  per-(token block, expert) counts; each arena row's pair; the gathered token rows
+  (bf16 [R, h]); the SwiGLU activations (bf16 [R, I])."""
+  r, nb = arena_rows(t, k, e), -(-t // BLOCK_TOKENS)
+  al = lambda n: _roundup(n, ALIGN)
+  return (al(CTRL_BYTES) + al(r // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
+          + al(r * i * 2))
+
+
+def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
+  """What the fused forward runs, refused before lowering with the values named."""
+  if ep != 1:
+    raise NotImplementedError(
+        f"{op}: the fused MoE forward runs at EP = 1 only so far (the axis_name axis has size "
+        f"{ep}); use impl='reference' (or KOSMOS_IMPL=reference) at EP > 1")
+  if jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
+    raise ValueError(f"{op} (fused): x.dtype={jnp.dtype(x.dtype)} is not supported; the fused MoE "
+                     "forward runs bfloat16 only (impl='reference' runs any float dtype)")
+  h, i, e = config.hidden, config.expert_intermediate, config.num_experts
+  if h % HIDDEN_MULTIPLE or i % INTERMEDIATE_MULTIPLE or e > MAX_EXPERTS:
+    raise ValueError(f"{op} (fused): hidden={h} must be a multiple of {HIDDEN_MULTIPLE}, "
+                     f"expert_intermediate={i} a multiple of {INTERMEDIATE_MULTIPLE}, and "
+                     f"num_experts={e} at most {MAX_EXPERTS} (impl='reference' runs any shape)")
+
+
+moe_forward_p = Primitive(TARGET)
+moe_forward_p.multiple_results = True
+
+
+def _abstract(x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+  # Every result typed like x (dtype aside): the operands were given one varying-axes
+  # type, the union of theirs, before the bind.
+  t, h = x.shape
+  k, (e, _, two_i) = indices.shape[1], w1.shape
+  r = arena_rows(t, k, e)
+  return (x.update(shape=(t, h)), x.update(shape=(r, h)),
+          x.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
+          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2),), dtype=jnp.dtype(jnp.uint8)))
+
+
+def _lowering(ctx, x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+  return jax.ffi.ffi_lowering(TARGET)(
+      ctx, x, indices, weights, w1, w2, y0, input_gating=np.int64(input_gating), add_y0=np.int64(add_y0),
+      cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
+      switching=np.int64(switching))
+
+
+moe_forward_p.def_abstract_eval(_abstract)
+mlir.register_lowering(moe_forward_p, _lowering, platform="cuda")
+
+
+def launch_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bool, cu_cap=None,
+                  launch: MoeLaunch = MoeLaunch()):
+  """The launch alone, on routing made elsewhere: (y [t, h], y_rows [R, h],
+  pair_row [t, k]); y0 [t, h] f32 or None (no shared expert). The tests reach it
+  through kosmos_jax.testing.moe_forward_kernel."""
+  if not _ext.has_target(TARGET, "cuda"):
+    raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the "
+                              "MoE forward handler is needed)")
+  runtime.init()  # trace time: every persistent kernel is prepared before any runs
+  add_y0 = y0 is not None
+  ops_ = (x, indices.astype(jnp.int32), weights.astype(jnp.float32), w1, w2,
+          y0.astype(jnp.float32) if add_y0 else jnp.zeros((1,), jnp.float32))
+  both = frozenset().union(*(_compat.vma(a) for a in ops_))
+  ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
+  # Bound directly (as the TP+SP ops are): inside shard_map even an eager call runs
+  # each primitive under jit, so it needs no impl rule of its own.
+  y, y_rows, pair_row, _ = moe_forward_p.bind(
+      *ops_, input_gating=int(bool(input_gating)), add_y0=int(add_y0), cu_cap=cu_cap, movers=launch.movers,
+      switching=int(launch.switching))
+  return y, y_rows, pair_row
+
+
+def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
+                      config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch()):
+  """ops.moe_forward in one launch at EP = 1 (operands validated by ops.moe_forward):
+  (y [t, h] bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns
+  them, the residuals without dispatched rows (xr = h1 = None)."""
+  op = "moe_forward"
+  check_fused(op, x, config, int(_compat.axis_size(axis_name)))
+  routing = rt.route(x, router_w, config, bias)
+  aux = rt.aux_loss(routing, config, axis_name)
+  layout = ref.plan(routing.indices, num_experts=config.num_experts, capacity=config.capacity(x.shape[0]),
+                    axis_name=axis_name)
+  hs = ys = None
+  if shared_gate_up is not None:
+    hs, ys = ref.shared_forward(x, ref._flat(shared_gate_up), shared_down)
+  output_gated = config.gating == "output"
+  y, y_rows, pair_row = launch_kernel(x, routing.indices, routing.weights, ref._flat(gate_up), down, ys,
+                                      input_gating=not output_gated, cu_cap=cu_cap, launch=launch)
+  # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
+  rows = y_rows[pair_row] if output_gated else None
+  return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs)
+
+
+# Selected by impl="fused" / KOSMOS_IMPL=fused only, until measured faster than the twin.
+register_fused("moe_forward", moe_forward_fused)

@@ -1,0 +1,300 @@
+"""The fused MoE forward (kosmos_moe_forward, EP = 1) on one GPU, against its twin
+(reference.moe_forward) and the dense per-token oracle (tests/moe_oracle.py), for every
+preset's router kind at small sizes: softmax top-k; DeepSeek's group-limited sigmoid
+with a selection bias and a shared expert; Llama 4's top-1 sigmoid with input gating
+and a shared expert. Also: the launch's own outputs (pair_row maps every pair into its
+expert's arena segment, rows distinct, in the plan's stable order), 200 back-to-back
+calls with changing routing, a grid of one CTA and a CU cap, bitwise determinism,
+skewed routing (never a dropped token), the launch knobs (same bits), and jax.grad of
+the layer under impl="fused" (forward fused, backward the twin's).
+
+Outputs are poisoned before each launch (KOSMOS_POISON_OUTPUT, tests/gpu/conftest.py),
+so an unwritten element shows as NaN, which no comparison passes.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from helpers import assert_close, fresh, put, rel_err
+from kosmos_jax import MoeLaunch, ops
+from kosmos_jax.moe import MoEConfig, moe_layer, route
+from kosmos_jax.reference import moe as ref_moe
+from kosmos_jax.testing import MOE_TILE_ROWS, moe_arena_rows, moe_forward_built, moe_forward_kernel
+from moe_oracle import NAMES, SPECS, dense_moe, make_params, to_f32
+
+pytestmark = pytest.mark.skipif(not moe_forward_built(), reason="kosmos_moe_forward is not compiled into this "
+                                "extension (CMake defines KOSMOS_WITH_MOE_FWD with its handler)")
+
+BF16 = jnp.bfloat16
+# Fused vs twin: the same math in bf16 with fp32 accumulation, rounded at other points
+# (e.g. the SwiGLU epilogue on the fp32 accumulator): two bf16 ulps (2^-8 each) of
+# relative error, in norm. Against the fp32 dense oracle, the bf16 table (DESIGN.md §6).
+TWIN_RTOL = 2 * 2.0 ** -8
+
+KINDS = {
+    "softmax": MoEConfig(num_experts=8, top_k=2, hidden=256, expert_intermediate=256, score="softmax",
+                         norm_topk_prob=True, aux_loss_coeff=0.01),
+    "deepseek": MoEConfig(num_experts=32, top_k=4, hidden=256, expert_intermediate=128, score="sigmoid",
+                          norm_topk_prob=True, n_groups=4, topk_groups=2, route_scale=2.5, use_expert_bias=True,
+                          aux_loss_coeff=0.01, shared_expert_intermediate=256),
+    "llama4": MoEConfig(num_experts=8, top_k=1, hidden=256, expert_intermediate=256, score="sigmoid",
+                        gating="input", shared_expert_intermediate=256),
+}
+
+
+def _mesh():
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if not gpus:
+    pytest.skip("no GPU")
+  if gpus[0].compute_capability != "9.0":
+    pytest.skip(f"the fused MoE forward's expert GEMMs need compute capability 9.0, found "
+                f"{gpus[0].compute_capability}")
+  return jax.sharding.Mesh(np.array(gpus[:1]), ("ep",))
+
+
+def _params(cfg, skew=False):
+  p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
+  if skew and cfg.use_expert_bias:  # +10 on experts 0..k-1: every token picks them
+    p["expert_bias"] = jnp.zeros((cfg.num_experts,), jnp.float32).at[:cfg.top_k].set(10.0)
+  elif skew:  # the router prefers experts 0 and 1 on feature 0, which every token has
+    rw = np.array(jnp.asarray(p["router_w"], jnp.float32)) * 0.3
+    rw[0, 0], rw[0, 1] = 3.0, 1.5
+    p["router_w"] = jnp.asarray(rw, BF16)
+  return p
+
+
+def _tokens(cfg, t, skew=False):
+  x = fresh((t, cfg.hidden), BF16)
+  return x.at[:, 0].set(jnp.abs(x[:, 0]) + 1.0) if skew else x
+
+
+def _names(cfg):
+  return tuple(n for n in NAMES if n in make_params(cfg, jnp.float32, bool(cfg.shared_expert_intermediate)))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(cfg, impl, cu_cap=None, launch=None):
+  """Jitted (x, *params) -> (y, aux) of ops.moe_forward on the EP = 1 mesh."""
+  names, m = _names(cfg), _mesh()
+
+  def local(x, *ps):
+    p = dict(zip(names, ps))
+    y, aux, _ = ops.moe_forward(x, p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
+                                p.get("shared_down"), p.get("expert_bias"), config=cfg, axis_name="ep",
+                                impl=impl, cu_cap=cu_cap, launch=launch)
+    return y, aux
+
+  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=(P("ep"), P()))
+  return jax.jit(f)
+
+
+def _run(cfg, impl, x, p, **kw):
+  m = _mesh()
+  return _forward(cfg, impl, **kw)(put(x, m, P("ep")), *[put(p[n], m, SPECS[n]) for n in _names(cfg)])
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg, cu_cap=None, launch=None):
+  """Jitted launch alone on the twin's routing: (y, y_rows, pair_row, indices, weights)."""
+  e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
+
+  def f(x, router_w, gate_up, down, bias, shared_gate_up, shared_down):
+    r = route(x, router_w, cfg, bias)
+    y0 = None
+    if shared_gate_up is not None:
+      y0 = ref_moe.shared_forward(x, shared_gate_up.reshape(h, -1), shared_down)[1]
+    y, y_rows, pair_row = moe_forward_kernel(x, r.indices, r.weights, gate_up.reshape(e, h, 2 * i), down, y0,
+                                             input_gating=cfg.gating == "input", cu_cap=cu_cap, launch=launch)
+    return y, y_rows, pair_row, r.indices, r.weights
+
+  return jax.jit(f)
+
+
+def _launch(cfg, x, p, **kw):
+  _mesh()  # skips off Hopper
+  return _kernel(cfg, **kw)(x, p["router_w"], p["gate_up"], p["down"], p.get("expert_bias"),
+                            p.get("shared_gate_up"), p.get("shared_down"))
+
+
+def _pair_outputs(cfg, x, p, idx, w):
+  """Each pair's expert output [t, k, h] in XLA (every expert on every pair, then picked)."""
+  t, k = idx.shape
+  if cfg.gating == "input":  # each pair's row scaled by its weight, rounded to bf16
+    rows = (w[..., None] * x.astype(jnp.float32)[:, None, :]).astype(x.dtype)
+  else:
+    rows = jnp.broadcast_to(x[:, None, :], (t, k, x.shape[1]))
+  e = cfg.num_experts
+  _, out = ref_moe.experts_forward(jnp.broadcast_to(rows.reshape(1, t * k, -1), (e, t * k, x.shape[1])),
+                                   p["gate_up"].reshape(e, cfg.hidden, -1), p["down"])
+  return out[idx.reshape(-1), jnp.arange(t * k)].reshape(t, k, -1)
+
+
+def _check_pair_rows(cfg, t, idx, pair_row, stable=False):
+  """Every pair's row lies in its expert's arena segment (expert-major, each segment
+  padded to the tile rows), and no two pairs share a row; with stable=True the rows
+  follow the plan's stable order (token-major within an expert)."""
+  idx, rows = np.asarray(idx), np.asarray(pair_row)
+  counts = np.bincount(idx.ravel(), minlength=cfg.num_experts)
+  padded = -(-counts // MOE_TILE_ROWS) * MOE_TILE_ROWS
+  start = np.cumsum(padded) - padded
+  assert rows.min() >= 0 and rows.max() < moe_arena_rows(t, cfg.top_k, cfg.num_experts)
+  lo, hi = start[idx], start[idx] + counts[idx]
+  bad = np.argwhere((rows < lo) | (rows >= hi))
+  assert bad.size == 0, f"pairs outside their expert's segment: {bad[:5].tolist()}"
+  assert len(np.unique(rows)) == rows.size, "two pairs share an arena row"
+  if stable:
+    order = np.argsort(idx.ravel(), kind="stable")
+    want = np.empty(idx.size, np.int64)
+    want[order] = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    np.testing.assert_array_equal(rows.ravel(), start[idx.ravel()] + want)
+
+
+CASES = [(kind, t) for kind in KINDS for t in (512, 300)]  # 300: a partial token block
+
+
+@pytest.mark.parametrize("kind,t", CASES, ids=[f"{k}-t{t}" for k, t in CASES])
+def test_matches_twin_and_oracle(kind, t):
+  cfg = KINDS[kind]
+  p, x = _params(cfg), _tokens(cfg, t)
+  y, aux = _run(cfg, "fused", x, p)
+  yr, auxr = _run(cfg, "reference", x, p)
+  assert_close(y, yr, BF16, rtol=TWIN_RTOL, what=f"{kind} t={t} fused vs twin")
+  np.testing.assert_array_equal(np.asarray(aux), np.asarray(auxr))  # XLA computes both
+  yd, _ = dense_moe(jnp.asarray(x, jnp.float32), to_f32(p), cfg)
+  assert_close(y, yd, BF16, what=f"{kind} t={t} fused vs dense oracle")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_launch_outputs(kind):
+  """pair_row is a permutation-consistent map into the arena, and y_rows holds each
+  pair's expert output there; y is finite."""
+  cfg, t = KINDS[kind], 300
+  p, x = _params(cfg), _tokens(cfg, t)
+  y, y_rows, pair_row, idx, w = _launch(cfg, x, p)
+  assert np.all(np.isfinite(np.asarray(y, np.float32))), "y has NaN/Inf (unwritten or poisoned)"
+  _check_pair_rows(cfg, t, idx, pair_row)
+  got = jnp.asarray(y_rows)[jnp.asarray(pair_row)]
+  assert_close(got, _pair_outputs(cfg, x, p, idx, w), BF16, rtol=TWIN_RTOL, what=f"{kind} y_rows[pair_row]")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_pair_rows_follow_the_stable_plan(kind):
+  cfg, t = KINDS[kind], 512
+  p, x = _params(cfg), _tokens(cfg, t)
+  _, _, pair_row, idx, _ = _launch(cfg, x, p)
+  _check_pair_rows(cfg, t, idx, pair_row, stable=True)
+
+
+@pytest.mark.parametrize("cap", [None, 20])
+def test_back_to_back_200_calls_changing_routing(cap):
+  """200 calls queued back to back, each on fresh tokens (so fresh routing), then each
+  compared with the twin on the same tokens."""
+  cfg, t = KINDS["deepseek"], 512
+  p = _params(cfg)
+  xs = [_tokens(cfg, t) for _ in range(200)]
+  ys = [_run(cfg, "fused", x, p, cu_cap=cap)[0] for x in xs]
+  errs = [rel_err(y, _run(cfg, "reference", x, p)[0]) for x, y in zip(xs, ys)]
+  worst = int(np.argmax(errs))
+  assert max(errs) <= TWIN_RTOL, f"call {worst}: rel. error {errs[worst]:.3e} > {TWIN_RTOL:.1e}"
+
+
+@pytest.mark.parametrize("cap", [1, 20])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_cu_cap_same_bits(kind, cap):
+  """A grid of one CTA (every role in one CTA life) and a capped grid finish, and give
+  the full grid's bits: no output depends on which CTA computed it."""
+  cfg, t = KINDS[kind], 300
+  p, x = _params(cfg), _tokens(cfg, t)
+  full = _launch(cfg, x, p)
+  capped = _launch(cfg, x, p, cu_cap=cap)
+  assert_close(capped[0], _run(cfg, "reference", x, p)[0], BF16, rtol=TWIN_RTOL, what=f"{kind} cap={cap} vs twin")
+  for name, a, b in zip(("y", "y_rows", "pair_row"), full[:3], capped[:3]):
+    _assert_bits(a, b, f"{kind} {name} cu_cap={cap} vs full grid", rows=(name == "y_rows", full[2]))
+
+
+def _assert_bits(a, b, what, rows=(False, None)):
+  """Bitwise equality; for y_rows only the rows pairs own (padding rows are scratch)."""
+  a, b = np.asarray(a), np.asarray(b)
+  if rows[0]:
+    own = np.asarray(rows[1]).ravel()
+    a, b = a[own], b[own]
+  if a.dtype == np.dtype(jnp.bfloat16):
+    a, b = a.view(np.uint16), b.view(np.uint16)
+  diff = np.argwhere(a != b)
+  assert diff.size == 0, f"{what}: {len(diff)} elements differ, first at {diff[:3].tolist()}"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_two_runs_bitwise_equal(kind):
+  cfg, t = KINDS[kind], 512
+  p, x = _params(cfg), _tokens(cfg, t)
+  a, b = _launch(cfg, x, p), _launch(cfg, x, p)
+  for name, u, v in zip(("y", "y_rows", "pair_row"), a[:3], b[:3]):
+    _assert_bits(u, v, f"{kind} {name} run 2 vs run 1", rows=(name == "y_rows", a[2]))
+  ya, yb = _run(cfg, "fused", x, p)[0], _run(cfg, "fused", x, p)[0]
+  _assert_bits(ya, yb, f"{kind} ops.moe_forward y run 2 vs run 1")
+
+
+@pytest.mark.parametrize("launch", [MoeLaunch(movers=1), MoeLaunch(switching=False),
+                                    MoeLaunch(movers=1, switching=False), MoeLaunch(movers=8, switching=False)],
+                         ids=["movers1", "fixed", "movers1-fixed", "movers8-fixed"])
+@pytest.mark.parametrize("kind", ["softmax", "deepseek"])
+def test_launch_knobs_same_bits(kind, launch):
+  cfg, t = KINDS[kind], 512
+  p, x = _params(cfg), _tokens(cfg, t)
+  base, knob = _launch(cfg, x, p), _launch(cfg, x, p, launch=launch)
+  for name, u, v in zip(("y", "y_rows", "pair_row"), base[:3], knob[:3]):
+    _assert_bits(u, v, f"{kind} {name} {launch} vs default", rows=(name == "y_rows", base[2]))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_skewed_routing_never_drops(kind):
+  """Most tokens to a few experts (far past the twin's capacity, so the twin takes its
+  dropless fallback): every pair still has its row and its expert output."""
+  cfg, t = KINDS[kind], 512
+  p, x = _params(cfg, skew=True), _tokens(cfg, t, skew=True)
+  _, y_rows, pair_row, idx, w = _launch(cfg, x, p)
+  counts = np.bincount(np.asarray(idx).ravel(), minlength=cfg.num_experts)
+  assert counts.max() > cfg.capacity(t), f"test setup: not skewed past the capacity ({counts.max()})"
+  _check_pair_rows(cfg, t, idx, pair_row)
+  assert_close(jnp.asarray(y_rows)[jnp.asarray(pair_row)], _pair_outputs(cfg, x, p, idx, w), BF16,
+               rtol=TWIN_RTOL, what=f"{kind} skewed y_rows[pair_row]")
+  y = _run(cfg, "fused", x, p)[0]
+  assert_close(y, _run(cfg, "reference", x, p)[0], BF16, rtol=TWIN_RTOL, what=f"{kind} skewed fused vs twin")
+  yd, _ = dense_moe(jnp.asarray(x, jnp.float32), to_f32(p), cfg)
+  assert_close(y, yd, BF16, what=f"{kind} skewed fused vs dense oracle")
+
+
+def _layer_grads(cfg, impl, x, p, cot):
+  names, m = _names(cfg), _mesh()
+
+  def local(cot, x, *ps):
+    def loss(x, *ps):
+      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)
+      return jnp.sum(y.astype(jnp.float32) * cot) + aux
+    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
+
+  specs = (P("ep"), *[SPECS[n] for n in names])
+  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
+  g = f(put(cot, m, P("ep")), put(x, m, P("ep")), *[put(p[n], m, SPECS[n]) for n in names])
+  return dict(zip(("x",) + names, g))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_layer_grad_fused_equals_reference(kind):
+  """jax.grad of moe_layer(impl='fused'): the forward fused, the backward the twin's
+  from the fused forward's residuals (no saved rows: it recomputes them)."""
+  cfg, t = KINDS[kind], 512
+  p, x, cot = _params(cfg), _tokens(cfg, t), fresh((t, KINDS[kind].hidden))
+  got, want = _layer_grads(cfg, "fused", x, p, cot), _layer_grads(cfg, "reference", x, p, cot)
+  for name in got:
+    if name == "expert_bias":
+      assert not np.any(np.asarray(got[name]))
+      continue
+    assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused vs reference")

@@ -1,0 +1,65 @@
+"""benchmarks/moe.py --dry-run on CPU: every preset x routing has its rows, the reference
+arm a time, the routing its intended loads (balanced exactly), the arms that need the
+CUDA build are recorded as unavailable (never silently run as the reference), and the
+CSV, PNG and table are written, RESULTS.md untouched. A subprocess, so the benchmark
+sets up JAX itself; tests never time, so no number is checked."""
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PRESETS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "llama4-scout", "llama4-maverick")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("moe")
+  results = (ROOT / "benchmarks" / "RESULTS.md").read_bytes()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", OUT=str(tmp / "out"))
+  (tmp / "out").mkdir()
+  proc = subprocess.run([sys.executable, "benchmarks/moe.py", "--dry-run", "--tokens", "128",
+                         "--arms", "reference,fused,fused_fixed,floor", "--out-dir", str(tmp / "bench")],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert (ROOT / "benchmarks" / "RESULTS.md").read_bytes() == results, "--dry-run must not append to RESULTS.md"
+  with (tmp / "bench" / "moe.csv").open() as f:
+    return tmp, proc.stdout, list(csv.DictReader(f))
+
+
+def test_rows_per_preset_routing_and_arm(dry_run):
+  _, _, rows = dry_run
+  keys = {(r["preset"], r["routing"], r["arm"]) for r in rows}
+  assert keys == {(p, rt, a) for p in PRESETS for rt in ("balanced", "skewed")
+                  for a in ("reference", "fused", "fused_fixed", "floor")}
+  for r in rows:
+    if r["arm"] == "reference":
+      assert r["status"] == "ok" and float(r["median_ms"]) > 0 and float(r["tflops"]) > 0, r
+    else:  # no GPU here: recorded with the reason, not replaced by the twin
+      assert r["status"] == "unavailable" and r["reason"] and r["median_ms"] == "", r
+
+
+def test_routing_loads(dry_run):
+  _, _, rows = dry_run
+  for r in rows:
+    if r["routing"] == "balanced":
+      assert float(r["max_load"]) == 1.0, r
+    else:
+      assert float(r["max_load"]) > 1.4, r
+    assert int(r["tokens"]) == 128 and int(r["experts"]) <= 16
+
+
+def test_outputs_and_table(dry_run):
+  tmp, stdout, _ = dry_run
+  for name in ("moe.csv", "moe.md", "moe.png"):
+    assert (tmp / "bench" / name).stat().st_size > 0
+    assert (tmp / "out" / name).exists(), f"{name} not copied into $OUT"
+  table = [line for line in stdout.splitlines() if line.startswith("| ")]
+  assert table[0].startswith("| preset | E | routing | max load | reference ms / TF/s | fused ms / TF/s")
+  assert len(table) == 2 + 2 * len(PRESETS)
+  assert "| deepseek-v3 | 16 of 256 | balanced | 1.00 |" in stdout

@@ -1,0 +1,341 @@
+"""The fused MoE forward's Python side on CPU (kosmos_jax/ops/_fused_moe.py): its checks
+raise before lowering; the workspace formula; the primitive's abstract shapes and the
+custom call it lowers to for CUDA; the whole wrapper (routing, shared expert, residuals)
+with a pure-JAX twin of the kernel's contract standing in for the primitive, forward
+and jax.grad through the layer; and the twin's backward from residuals without
+dispatched rows (what the fused forward saves) against the one from the saved rows.
+The kernel itself runs on GPU only (tests/gpu/test_moe_fused.py). Kernel-less set-up:
+kosmos_jax.testing.fused_on_cpu; ops reached through their public names."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from helpers import assert_close, fresh, put
+from kosmos_jax import AgConfig, MoeLaunch, ops, reference
+from kosmos_jax.moe import MoEConfig, moe_layer, route
+from kosmos_jax.reference import moe as ref_moe
+from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_forward_kernel,
+                                moe_workspace_bytes, MOE_TILE_ROWS)
+from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, make_params, place, to_f32
+
+BF16 = jnp.bfloat16
+T = 64
+# Every preset's router kind at kernel-legal widths (h % 64, I % 128).
+SOFTMAX = MoEConfig(num_experts=8, top_k=2, hidden=64, expert_intermediate=128, score="softmax",
+                    norm_topk_prob=True, aux_loss_coeff=0.01)
+DEEPSEEK = MoEConfig(num_experts=16, top_k=4, hidden=64, expert_intermediate=128, score="sigmoid",
+                     norm_topk_prob=True, n_groups=4, topk_groups=2, route_scale=2.5, use_expert_bias=True,
+                     aux_loss_coeff=0.01, shared_expert_intermediate=128)
+LLAMA4 = MoEConfig(num_experts=8, top_k=1, hidden=64, expert_intermediate=128, score="sigmoid",
+                   gating="input", shared_expert_intermediate=128)
+KINDS = {"softmax": SOFTMAX, "deepseek": DEEPSEEK, "llama4": LLAMA4}
+
+
+class _KernelTwin:
+  """kosmos_moe_forward's contract in JAX: pairs placed expert-major in a stable
+  order, each expert's segment padded to 128 rows; each pair's expert output; the
+  fold (slot order, fp32) plus y0, rounded once."""
+
+  def bind(self, x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+    t, k = indices.shape
+    e, h = w1.shape[0], x.shape[1]
+    flat = indices.reshape(-1)
+    counts = jnp.zeros((e,), jnp.int32).at[flat].add(1)
+    padded = -(-counts // MOE_TILE_ROWS) * MOE_TILE_ROWS
+    order = jnp.argsort(flat, stable=True)
+    starts = jnp.cumsum(counts) - counts
+    pos = jnp.zeros_like(flat).at[order].set(jnp.arange(flat.shape[0], dtype=jnp.int32) - starts[flat[order]])
+    pair_row = (jnp.cumsum(padded) - padded)[flat] + pos
+    rows = ((weights[..., None] * x.astype(jnp.float32)[:, None, :]).astype(x.dtype) if input_gating
+            else jnp.broadcast_to(x[:, None, :], (t, k, h))).reshape(t * k, h)
+    _, out = ref_moe.experts_forward(jnp.broadcast_to(rows, (e, t * k, h)), w1, w2)
+    out = out[flat, jnp.arange(t * k)]  # each pair through its own expert
+    r = moe_arena_rows(t, k, e)
+    y_rows = jnp.zeros((r, h), x.dtype).at[pair_row].set(out)
+    y = ref_moe.fold(out.reshape(t, k, h), jnp.ones_like(weights) if input_gating else weights)
+    if add_y0:
+      y = y + y0
+    ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1]),), jnp.uint8)
+    return y.astype(x.dtype), y_rows, pair_row.reshape(t, k).astype(jnp.int32), ws
+
+
+@pytest.fixture
+def no_gpu_needed():
+  with fused_on_cpu():
+    yield
+
+
+@pytest.fixture
+def kernel_twin():
+  with fused_on_cpu({"moe_forward": _KernelTwin()}):
+    yield
+
+
+def _names(p):
+  return tuple(n for n in NAMES if n in p)
+
+
+def _forward(cfg, ep, impl, launch=None):
+  """Jitted (x, *params) -> (y, aux, residuals' rows and routing) of ops.moe_forward."""
+  names = _names(make_params(cfg, BF16, bool(cfg.shared_expert_intermediate)))
+
+  def local(x, *ps):
+    p = dict(zip(names, ps))
+    y, aux, res = ops.moe_forward(x, p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
+                                  p.get("shared_down"), p.get("expert_bias"), config=cfg, axis_name="ep",
+                                  impl=impl, launch=launch)
+    rows = res.rows if res.rows is not None else jnp.zeros((x.shape[0], 1, 1), x.dtype)
+    return y, aux, rows, res.routing.indices, res.layout.pos, res.xr is None
+
+  m = ep_mesh(ep)
+  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]),
+                    out_specs=(P("ep"), P(), P("ep"), P("ep"), P("ep"), P()))
+  return jax.jit(f), m
+
+
+def test_moe_forward_is_registered():
+  assert "moe_forward" in fused_ops()
+
+
+# ---- checks before lowering ------------------------------------------------------
+
+def _abstract_call(cfg, ep, dtype=BF16, launch=None, impl="fused"):
+  """Trace ops.moe_forward on abstract inputs (no arrays, no lowering)."""
+  p = make_params(cfg, jnp.float32, bool(cfg.shared_expert_intermediate))
+  names = _names(p)
+  f, _ = _forward(cfg, ep, impl, launch)
+  structs = [jax.ShapeDtypeStruct((T, cfg.hidden), dtype)]
+  structs += [jax.ShapeDtypeStruct(p[n].shape, jnp.float32 if n == "expert_bias" else dtype) for n in names]
+  return jax.eval_shape(f, *structs)
+
+
+def test_ep_above_one_is_not_implemented(no_gpu_needed):
+  with pytest.raises(NotImplementedError, match=r"moe_forward: the fused MoE forward runs at EP = 1 only so far "
+                                                r"\(the axis_name axis has size 2\); use impl='reference'"):
+    _abstract_call(SOFTMAX, 2)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(dtype=jnp.float32), r"x.dtype=float32 is not supported; the fused MoE forward runs bfloat16 only"),
+    (dict(expert_intermediate=96), r"expert_intermediate=96 a multiple of 128"),
+    (dict(hidden=48), r"hidden=48 must be a multiple of 64"),
+    (dict(num_experts=520, top_k=2), r"num_experts=520 at most 512"),
+], ids=["dtype", "intermediate", "hidden", "experts"])
+def test_kernel_limits_raise_before_lowering(no_gpu_needed, change, match):
+  dtype = change.pop("dtype", BF16)
+  with pytest.raises(ValueError, match=match):
+    _abstract_call(SOFTMAX.replace(**change), 1, dtype)
+
+
+def test_reference_path_takes_no_kernel_limits():
+  """The same shapes run on the twin: the limits are the kernel's only."""
+  out = _abstract_call(SOFTMAX.replace(hidden=48, expert_intermediate=96), 2, jnp.float32, impl="reference")
+  assert out[0].shape == (T, 48)
+
+
+def test_launch_knobs_are_checked():
+  with pytest.raises(ValueError, match=r"MoeLaunch: movers=0 must be an int >= 1 or None"):
+    MoeLaunch(movers=0)
+  with pytest.raises(ValueError, match=r"MoeLaunch: switching=1 must be a bool"):
+    MoeLaunch(switching=1)
+  with pytest.raises(TypeError, match=r"moe_forward: launch=\{'movers': 2\} must be of type MoeLaunch"):
+    _abstract_call(SOFTMAX, 1, jnp.float32, launch={"movers": 2}, impl="reference")
+  with pytest.raises(TypeError, match=r"moe_layer: launch=AgConfig\(.*must be of type MoeLaunch"):
+    moe_layer(jnp.zeros((8, 64)), make_params(SOFTMAX, jnp.float32, False), SOFTMAX, axis_name="ep",
+              launch=AgConfig())
+
+
+def test_reference_path_ignores_launch_knobs():
+  cfg = SOFTMAX
+  p = make_params(cfg, jnp.float32, False)
+  x = fresh((T, cfg.hidden))
+  outs = []
+  for launch in (None, MoeLaunch(movers=3, switching=False)):
+    f, m = _forward(cfg, 2, "reference", launch)
+    _, xs, ps = place(m, x, p)
+    outs.append(f(xs, *ps)[0])
+  np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
+
+
+# ---- the workspace and the primitive's shapes ---------------------------------------
+
+def test_workspace_formula():
+  al = lambda n: -(-n // 1024) * 1024
+  # DeepSeek-V3 at 8192 tokens: R = 8192 * 8 + 256 * 127 = 98048 (a multiple of 128).
+  r = moe_arena_rows(8192, 8, 256)
+  assert r == 98048
+  assert moe_workspace_bytes(8192, 8, 256, 7168, 2048) == (
+      65536 + al(98048 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2) + al(98048 * 2048 * 2))
+  # Tiny: R = roundup(5 * 2 + 8 * 127, 128) = 1152; one token block.
+  assert moe_arena_rows(5, 2, 8) == 1152
+  assert moe_workspace_bytes(5, 2, 8, 64, 128) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912
+  # k > E: a token picks an expert at most once, so t * min(k, E) pairs.
+  assert moe_arena_rows(3, 4, 2) == -(-(3 * 2 + 2 * 127) // 128) * 128
+
+
+@pytest.mark.parametrize("t,k,e,h,i,shared", [(37, 2, 8, 64, 128, False), (300, 4, 16, 128, 256, True)])
+def test_abstract_eval_shapes(no_gpu_needed, t, k, e, h, i, shared):
+  args = (jax.ShapeDtypeStruct((t, h), BF16), jax.ShapeDtypeStruct((t, k), jnp.int32),
+          jax.ShapeDtypeStruct((t, k), jnp.float32), jax.ShapeDtypeStruct((e, h, 2 * i), BF16),
+          jax.ShapeDtypeStruct((e, i, h), BF16),
+          jax.ShapeDtypeStruct((t, h), jnp.float32) if shared else None)
+  fn = functools.partial(moe_forward_kernel, input_gating=False, cu_cap=3)
+  y, y_rows, pair_row = jax.eval_shape(fn, *args)
+  r = moe_arena_rows(t, k, e)
+  assert (y.shape, y.dtype) == ((t, h), BF16)
+  assert (y_rows.shape, y_rows.dtype) == ((r, h), BF16)
+  assert (pair_row.shape, pair_row.dtype) == ((t, k), jnp.int32)
+  # The scratch result, read from the primitive's equation.
+  eqn = [q for q in jax.make_jaxpr(fn)(*args).eqns if q.primitive.name == "kosmos_moe_forward"]
+  assert len(eqn) == 1
+  ws = eqn[0].outvars[3].aval
+  assert ws.shape == (moe_workspace_bytes(t, k, e, h, i),) and ws.dtype == jnp.uint8
+  assert eqn[0].invars[5].aval.shape == ((t, h) if shared else (1,))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_lowers_to_one_custom_call(no_gpu_needed, kind):
+  cfg = KINDS[kind]
+  shared = bool(cfg.shared_expert_intermediate)
+  p = make_params(cfg, BF16, shared)
+  f, m = _forward(cfg, 1, "fused", MoeLaunch(movers=5, switching=False))
+  _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), p)
+  text = f.trace(xs, *ps).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_forward" in line]
+  assert len(calls) == 1, text[-3000:]
+  call = calls[0]
+  e, h, i, k = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.top_k
+  r = moe_arena_rows(T, k, e)
+  y0 = f"{T}x{h}xf32" if shared else "1xf32"
+  assert (f"tensor<{T}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{T}x{k}xf32>, tensor<{e}x{h}x{2 * i}xbf16>, "
+          f"tensor<{e}x{i}x{h}xbf16>, tensor<{y0}>") in call, call
+  w = moe_workspace_bytes(T, k, e, h, i)
+  assert f"-> (tensor<{T}x{h}xbf16>, tensor<{r}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{w}xui8>)" in call, call
+  for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"add_y0 = {int(shared)} : i64",
+               "cu_cap = 0 : i64", "movers = 5 : i64", "switching = 0 : i64"):
+    assert attr in call, (attr, call)
+
+
+def test_default_knobs_lower_as_the_kernels_rules(no_gpu_needed):
+  f, m = _forward(SOFTMAX, 1, "fused")
+  _, xs, ps = place(m, fresh((T, SOFTMAX.hidden), BF16), make_params(SOFTMAX, BF16, False))
+  call = [line for line in f.trace(xs, *ps).lower(lowering_platforms=("cuda",)).as_text().splitlines()
+          if "custom_call @kosmos_moe_forward" in line][0]
+  assert "movers = -1 : i64" in call and "switching = 1 : i64" in call and "cu_cap = 0 : i64" in call
+
+
+# ---- the wrapper around a twin of the kernel ------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_wrapper_matches_the_twin(kernel_twin, kind):
+  cfg = KINDS[kind]
+  shared = bool(cfg.shared_expert_intermediate)
+  p = make_params(cfg, BF16, shared)
+  x = fresh((T, cfg.hidden), BF16)
+  outs = {}
+  for impl in ("fused", "reference"):
+    f, m = _forward(cfg, 1, impl)
+    _, xs, ps = place(m, x, p)
+    outs[impl] = f(xs, *ps)
+  (y, aux, rows, idx, pos, no_xr), (yr, auxr, rowsr, idxr, posr, _) = outs["fused"], outs["reference"]
+  assert bool(no_xr), "the fused forward saves no dispatched rows"
+  assert_close(y, yr, BF16, what=f"{kind} y fused (kernel twin) vs reference")
+  np.testing.assert_array_equal(np.asarray(aux), np.asarray(auxr))
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(idxr))
+  np.testing.assert_array_equal(np.asarray(pos), np.asarray(posr))
+  if cfg.gating == "output":
+    assert_close(rows, rowsr, BF16, what=f"{kind} residual rows")
+  yd, _ = dense_moe(jnp.asarray(x, jnp.float32), to_f32(p), cfg)
+  assert_close(y, yd, BF16, what=f"{kind} y fused (kernel twin) vs dense oracle")
+
+
+def _layer_grads(cfg, ep, impl, x, p, cot):
+  names = _names(p)
+  m = ep_mesh(ep)
+
+  def local(cot, x, *ps):
+    def loss(x, *ps):
+      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)
+      return jnp.sum(y.astype(jnp.float32) * cot) + aux
+    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
+
+  specs = (P("ep"), *[SPECS[n] for n in names])
+  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
+  _, xs, ps = place(m, x, p)
+  return dict(zip(("x",) + names, f(put(cot, m, P("ep")), xs, *ps)))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_layer_grad_under_fused_is_the_twins(kernel_twin, kind):
+  """jax.grad of moe_layer(impl='fused'): the forward through the wrapper, the
+  backward the twin's (ops.moe_backward has no kernel) from residuals without rows."""
+  cfg = KINDS[kind]
+  p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
+  x, cot = fresh((T, cfg.hidden), BF16), fresh((T, cfg.hidden))
+  got, want = (_layer_grads(cfg, 1, impl, x, p, cot) for impl in ("fused", "reference"))
+  for name in got:
+    if name == "expert_bias":
+      assert not np.any(np.asarray(got[name]))
+      continue
+    assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused vs reference")
+
+
+def _twin_without_rows(*args, config, axis_name, cu_cap, launch):
+  """The twin's forward, its residuals stripped of the dispatched rows as the fused
+  forward's are: the backward must recompute them."""
+  y, aux, res = reference.moe_forward(*args, config=config, axis_name=axis_name)
+  return y, aux, res._replace(xr=None, h1=None)
+
+
+@pytest.mark.parametrize("kind,ep", [("softmax", 1), ("deepseek", 1), ("llama4", 1), ("softmax", 4),
+                                     ("deepseek", 2)])
+def test_twin_backward_without_saved_rows(kind, ep):
+  """Residuals with xr = None (dropless recompute) give the gradients of the saved
+  rows' capped backward, in fp32: the capped buffers hold these tokens (checked)."""
+  cfg = KINDS[kind].replace(capacity_factor=2.0)
+  p = make_params(cfg, jnp.float32, bool(cfg.shared_expert_intermediate))
+  x, cot = fresh((T * ep, cfg.hidden)), fresh((T * ep, cfg.hidden))
+  assert cfg.capacity(T) < T, "test setup: the twin would run the dropless pass anyway"
+  idx = np.asarray(route(x, p["router_w"], cfg, p.get("expert_bias")).indices)
+  e_l = cfg.num_experts // ep
+  most = max(np.bincount(idx[r * T:(r + 1) * T].ravel(), minlength=cfg.num_experts).max() for r in range(ep))
+  assert most <= cfg.capacity(T), f"test setup: capped buffers overflow ({most} > {cfg.capacity(T)}, E_l={e_l})"
+  want = _layer_grads(cfg, ep, "reference", x, p, cot)
+  with fake_fused({"moe_forward": _twin_without_rows}):
+    got = _layer_grads(cfg, ep, "fused", x, p, cot)
+  for name in got:
+    assert_close(got[name], want[name], jnp.float32, what=f"{kind} ep={ep} d{name} without saved rows")
+
+
+def test_floor_gemm_lowers_to_its_custom_call(no_gpu_needed):
+  """The MoE benchmark's floor (kosmos_jax.testing.grouped_gemm): one custom call, the
+  kernel's operands and result, no attributes; its contract refused before lowering."""
+  from kosmos_jax.testing import grouped_gemm as gg
+  per, te = gg.balanced_tiles(200, 3)
+  a, b = jnp.zeros((3 * per, 128), BF16), jnp.zeros((3, 128, 256), BF16)
+  text = jax.jit(gg.grouped_gemm).trace(a, b, jnp.asarray(te)).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call @kosmos_grouped_gemm" in line]
+  assert len(calls) == 1 and f"(tensor<{3 * per}x128xbf16>, tensor<3x128x256xbf16>, tensor<6xi32>)" in calls[0]
+  assert f"-> tensor<{3 * per}x256xbf16>" in calls[0], calls[0]
+  with pytest.raises(ValueError, match=r"a.dtype=float32"):
+    gg.grouped_gemm(a.astype(jnp.float32), b, jnp.asarray(te))
+
+
+def test_nn_module_takes_and_checks_launch():
+  from flax import nnx
+  from kosmos_jax.nn import MoE
+  m = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("ep",))
+  with pytest.raises(TypeError, match=r"MoE: launch=3 must be of type MoeLaunch"):
+    MoE(SOFTMAX, mesh=m, launch=3, rngs=nnx.Rngs(0))
+  model = MoE(SOFTMAX, mesh=m, launch=MoeLaunch(movers=2, switching=False), impl="reference", rngs=nnx.Rngs(0))
+  assert model.launch == MoeLaunch(movers=2, switching=False)
+  x = put(fresh((2, 16, SOFTMAX.hidden)), m, P(None, "ep", None))
+  with jax.set_mesh(m):
+    y, _ = nnx.jit(lambda mod, x: mod(x))(model, x)
+  assert y.shape == x.shape
