@@ -19,4 +19,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
 // kosmos_moe_forward: the MoE layer's forward at EP = 1 in one launch: plan, gather,
 // GEMM1 + SwiGLU, GEMM2, fold (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
+// kosmos_grouped_gemm: C = A @ B[e] for every expert's rows at once (kernels/moe/grouped_gemm_sm90.cuh),
+// the MoE benchmark's floor (kosmos_jax.testing.grouped_gemm).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_grouped_gemm_cuda);
 #endif

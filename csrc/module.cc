@@ -43,9 +43,8 @@ static nb::dict Registrations() {
   cuda("kosmos_ag_nn", Encapsulate(kosmos_ag_nn_cuda));
   cuda("kosmos_bulk_ag_nn", Encapsulate(kosmos_bulk_ag_nn_cuda));
   cuda("kosmos_bulk_rs_nt", Encapsulate(kosmos_bulk_rs_nt_cuda));
-#ifdef KOSMOS_WITH_MOE_FWD  // defined by CMake once csrc/moe_fwd_cuda.cu is built
   cuda("kosmos_moe_forward", Encapsulate(kosmos_moe_forward_cuda));
-#endif
+  cuda("kosmos_grouped_gemm", Encapsulate(kosmos_grouped_gemm_cuda));  // benchmark facility (the MoE floor)
 #endif
   return out;
 }

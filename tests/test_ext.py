@@ -37,13 +37,9 @@ def test_every_fused_op_has_its_registered_target():
     pytest.skip("extension built without CUDA kernels: it exports no FFI targets")
   want = {f"kosmos_{op}" for op in fused_ops()}
   got = set(mod.registrations())
-  # The MoE forward's handler (csrc/moe_fwd_cuda.cu) is built where CMake defines
-  # KOSMOS_WITH_MOE_FWD; before, its op is registered in Python and raises, naming
-  # the missing target. Drop it from here once the handler is always built.
-  pending = {"kosmos_moe_forward"}
   # Benchmark facilities, not ops (kosmos_jax.testing): the MoE floor's grouped GEMM.
   facilities = {"kosmos_grouped_gemm"}
-  assert want - pending <= got <= want | facilities, "the module's targets and the ops' fused kernels differ"
+  assert want <= got <= want | facilities, "the module's targets and the ops' fused kernels differ"
   for name in sorted(got):
     assert _ext.has_target(name, "cuda"), f"{name}: exported but not registered: {_ext._registered()[1]}"
 

@@ -29,7 +29,7 @@ from kosmos_jax.testing import MOE_TILE_ROWS, moe_arena_rows, moe_forward_built,
 from moe_oracle import NAMES, SPECS, dense_moe, make_params, to_f32
 
 pytestmark = pytest.mark.skipif(not moe_forward_built(), reason="kosmos_moe_forward is not compiled into this "
-                                "extension (CMake defines KOSMOS_WITH_MOE_FWD with its handler)")
+                                "extension (a CUDA build)")
 
 BF16 = jnp.bfloat16
 # Fused vs twin: the same math in bf16 with fp32 accumulation, rounded at other points
