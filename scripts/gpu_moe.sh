@@ -10,6 +10,8 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# A hang should fail fast (a wait traps and names its flag), not eat the call.
+export KOSMOS_TIMEOUT_MS=${KOSMOS_TIMEOUT_MS:-5000}
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
