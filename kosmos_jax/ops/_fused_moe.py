@@ -53,6 +53,7 @@ TARGET = "kosmos_moe_forward"
 TILE_ROWS = 128
 BLOCK_TOKENS = 128
 MAX_EXPERTS = 512
+MAX_TOP_K = 32  # the fold's warp holds one token's k rows
 # The tile engine's k-blocks of h (GEMM1's contraction, GEMM2's column blocks) and
 # the SwiGLU pairs of GEMM1's column blocks (gate and up halves of one tile).
 HIDDEN_MULTIPLE = 64
@@ -98,6 +99,16 @@ def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
     raise ValueError(f"{op} (fused): hidden={h} must be a multiple of {HIDDEN_MULTIPLE}, "
                      f"expert_intermediate={i} a multiple of {INTERMEDIATE_MULTIPLE}, and "
                      f"num_experts={e} at most {MAX_EXPERTS} (impl='reference' runs any shape)")
+  if config.top_k > MAX_TOP_K:
+    raise ValueError(f"{op} (fused): top_k={config.top_k} must be at most {MAX_TOP_K} (a warp of the fold "
+                     "holds one token's rows; impl='reference' runs any top_k)")
+  # The kernel has Hopper builders only (no portable engine yet): say so here, not at run time.
+  other = sorted({getattr(d, "compute_capability", None) for d in jax.local_devices()
+                  if d.platform == "gpu"} - {"9.0", None})
+  if other:
+    raise NotImplementedError(f"{op} (fused): the MoE megakernel runs on compute capability 9.0 "
+                              f"(H100/H200) only; this host has GPUs of compute capability {other}; "
+                              "use impl='reference'")
 
 
 moe_forward_p = Primitive(TARGET)
