@@ -105,6 +105,9 @@ def parse_args(argv=None):
   ap.add_argument("--max-experts", type=int, default=None, help="reduce every preset to at most this many experts")
   ap.add_argument("--dry-run", action="store_true", help="CPU: toy sizes, reference arm, no RESULTS.md")
   ap.add_argument("--no-append", action="store_true", help="do not append the table to benchmarks/RESULTS.md")
+  ap.add_argument("--timeline", default=None, metavar="PRESET",
+                  help="instead of timing: one traced fused forward of PRESET (first --routing), its role "
+                       "timeline as PNG + Chrome-trace JSON and the span of each phase (needs a KOSMOS_TRACE build)")
   ap.add_argument("--out-dir", default=None)
   ap.add_argument("--tag", default="")
   args = ap.parse_args(argv)
@@ -348,6 +351,43 @@ def bench(name: str, routing: str, args) -> list[dict]:
   return rows
 
 
+# MoE spans in kosmos_jax.trace's role slots (kernels/moe/fwd_ops.cuh).
+TIMELINE_ROLES = ("build (GEMM tiles)", "move (dispatch)", "reduce (fold)", "wait", "front (route, plan)")
+
+
+def timeline(name: str, routing: str, args) -> list[str]:
+  """One traced fused forward of preset `name`: writes timeline_moe_<name>.{png,json} and
+  returns one line per role: CTAs, busy CTA-ms, and when it first starts and last ends
+  (us from the kernel's first span)."""
+  from kosmos_jax import trace
+  trace.traced_module()
+  cfg, t = bench_config(name, args), args.tokens
+  p = params(cfg)
+  names = tuple(n for n in NAMES if n in p)
+  fn = layer_arm(cfg, names, "fused")
+  ins = (tokens(cfg, t, routing, 0), *[p[n] for n in names])
+  for _ in range(3):
+    jax.block_until_ready(fn(*ins))
+  _, recs, dropped = trace.capture(fn, *ins)
+  stem = args.out_dir / f"timeline_moe_{name}"
+  trace.write_chrome_trace(recs, f"{stem}.json", role_names=TIMELINE_ROLES)
+  trace.plot_timeline(recs, f"{stem}.png", role_names=TIMELINE_ROLES,
+                      title=f"moe_forward {name}, {routing}, {t} tokens, EP = 1 ({jax.devices()[0].device_kind})")
+  t0 = int(recs["start_ns"].min())
+  lines = [f"{name} {routing}: {recs.size} spans ({dropped} dropped), kernel "
+           f"{(int(recs['end_ns'].max()) - t0) / 1e3:.1f} us"]
+  for r, role in enumerate(TIMELINE_ROLES):
+    sel = recs[recs["role"] == r]
+    if sel.size:
+      busy = (sel["end_ns"] - sel["start_ns"]).astype(np.int64).sum()
+      lines.append(f"  {role:20s} spans {sel.size:6d} CTAs {np.unique(sel['cta']).size:4d} busy "
+                   f"{busy / 1e6:8.3f} CTA-ms  from {(int(sel['start_ns'].min()) - t0) / 1e3:8.1f} us "
+                   f"to {(int(sel['end_ns'].max()) - t0) / 1e3:8.1f} us")
+  if os.environ.get("OUT"):  # the PNG only: the JSON can be tens of MB
+    shutil.copy(f"{stem}.png", os.environ["OUT"])
+  return lines
+
+
 # ---- output ------------------------------------------------------------------------
 
 def _cell(r):
@@ -407,6 +447,9 @@ def main(argv=None):
   args = parse_args(argv)
   arms = args.arms.split(",")
   routings = ROUTINGS if args.routing == "both" else (args.routing,)
+  if args.timeline:
+    print("\n".join(timeline(args.timeline, routings[0], args)))
+    return 0
   rows, t0 = [], time.time()
   for name in args.presets.split(","):
     for routing in routings:

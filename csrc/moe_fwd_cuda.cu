@@ -12,6 +12,7 @@
 #include "launch.h"
 #include "moe/fwd_ws.h"
 #include "moe_fwd_sm90.h"
+#include "trace_buf.h"
 
 namespace ffi = xla::ffi;
 
@@ -138,6 +139,7 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
     m.movers = moe_movers(movers, grid, switching != 0);
     m.switching = switching != 0;
     m.timeout_ns = timeout_ns();
+    m.trace = trace_buf(ordinal, 0);
     e = moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), grid, stream);
   }
   if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);

@@ -4,8 +4,12 @@
 #      SHAPES=none; GROUPED=1 also times the floor on the presets), built beside
 #   2. the extension (gpu_test.sh), then the MoE GPU tests (TESTS, default
 #      tests/gpu/test_moe_fused.py; TESTS=none skips them), then
-#   3. benchmarks/moe.py $BENCH_ARGS (BENCH=0 skips it).
-# Logs under $OUT/{engine,test}/ and $OUT/bench.log. BUDGET_S bounds the call (default 560).
+#   3. benchmarks/moe.py $BENCH_ARGS (BENCH=0 skips it), then
+#   4. with TIMELINE=PRESET[,PRESET...], a KOSMOS_TRACE rebuild and one traced forward of
+#      each (benchmarks/moe.py --timeline: PNG, JSON and each phase's span).
+# ENGINE=0 skips step 1; TEST_RESERVE_S (default 60) is what the tests leave for the rest.
+# Logs under $OUT/engine/, $OUT/pytest.log, $OUT/bench.log and $OUT/timeline.log.
+# BUDGET_S bounds the call (default 560).
 # Never changes clocks or resets a GPU; NVLink multicast stays off (DESIGN.md §4).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
@@ -17,18 +21,30 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-560}
 left() { echo $(( BUDGET_S - SECONDS )); }
-OUT=$OUT/engine SHAPES=none timeout 400 bash scripts/gpu_bench.sh engine > "$OUT/engine.log" 2>&1 &
-engine=$!
-OUT=$OUT/test TESTS=none bash scripts/gpu_test.sh || exit 1
-wait $engine; echo "engine checks rc=$? at ${SECONDS}s"; grep -iE "grouped|swiglu|FAIL|floor" "$OUT/engine.log" | head -40
+if [ "${ENGINE:-1}" = 1 ]; then
+  OUT=$OUT/engine SHAPES=none timeout 400 bash scripts/gpu_bench.sh engine > "$OUT/engine.log" 2>&1 &
+  engine=$!
+fi
+OUT=/tmp/moe_build TESTS=none bash scripts/gpu_test.sh || exit 1
+if [ "${ENGINE:-1}" = 1 ]; then
+  wait $engine; echo "engine checks rc=$? at ${SECONDS}s"; grep -iE "grouped|swiglu|FAIL|floor" "$OUT/engine.log" | head -40
+fi
 if ! $PY -c 'import cutlass_library' 2>/dev/null; then export PYTHONPATH=/tmp/kosmos_site${PYTHONPATH:+:$PYTHONPATH}; fi
 tests=${TESTS:-tests/gpu/test_moe_fused.py}
 if [ "$tests" != none ]; then
-  KOSMOS_TEST_PLATFORMS=cuda,cpu timeout $(( $(left) - 60 )) $PY -m pytest -q -x -p no:cacheprovider $tests \
+  KOSMOS_TEST_PLATFORMS=cuda,cpu timeout $(( $(left) - ${TEST_RESERVE_S:-60} )) $PY -m pytest -q -p no:cacheprovider $tests \
     > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? at ${SECONDS}s"; tail -25 "$OUT/pytest.log"
 fi
 if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 40 ]; then
-  timeout $(( $(left) - 10 )) $PY benchmarks/moe.py ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  OUT= timeout $(( $(left) - 10 )) $PY benchmarks/moe.py ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1  # its table is in the log
   echo "bench rc=$? at ${SECONDS}s"; tail -30 "$OUT/bench.log"
+fi
+if [ -n "${TIMELINE:-}" ] && [ "$(left)" -gt 120 ]; then
+  OUT=/tmp/moe_build TRACE=1 TESTS=none bash scripts/gpu_test.sh || exit 1
+  for preset in ${TIMELINE//,/ }; do
+    timeout $(( $(left) - 10 )) $PY benchmarks/moe.py --timeline "$preset" --routing balanced >> "$OUT/timeline.log" 2>&1
+    echo "timeline $preset rc=$? at ${SECONDS}s"
+  done
+  grep -v "^WARNING" "$OUT/timeline.log" | tail -30
 fi

@@ -19,7 +19,9 @@
 
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
+#include "kosmos/trace.h"
 #include "kosmos/types.h"
+#include "moe/fwd_rows.cuh"
 #include "moe/fwd_sched.h"
 #include "moe/fwd_ws.h"
 
@@ -43,6 +45,9 @@ struct MoeCtrl {
   MoeLayout layout;
 };
 static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its workspace section");
+// The front's shared scratch (ints): the exchanged table and a MoeLayout built
+// beside it (the largest use; routing and the scan need 2E + 1).
+constexpr int kMoeScratchInts = kEpMaxRanks * kMaxExperts + (int)(sizeof(MoeLayout) / sizeof(int));
 
 struct MoeFwdParams {
   MoeFwdShape s;          // ep == 1
@@ -65,6 +70,7 @@ struct MoeFwdParams {
   bf16_t* y_rows;         // [R][H] the experts' output rows
   int movers, switching;
   uint64_t timeout_ns;
+  TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
 };
 
 // The control words as one thread sees them: what the engine's producer and
@@ -107,15 +113,20 @@ struct MoeCtl {
     return true;
   }
   KOSMOS_DEVICE void release(MoeFlag f, int, int i) { store_release<Scope::kGpu>(flag(f, i), e); }
+  // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
+    const TraceSpan span;
     wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {"moe_forward", p->s.rank, cta, moe_flag_name(f), i});
+    span.close(p->trace, cta, kTraceWait, i);
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
 };
 
 // CTA-wide Ops for moe_fwd_cta: every thread calls every member; thread 0
 // touches the control words and broadcasts through `bc` (static shared memory).
-// `scratch`: dynamic shared memory free outside the engine (E ints).
+// `scratch`: dynamic shared memory free outside the engine (kMoeScratchInts).
+// Serial steps (prefix sums over experts, the layout) run in it: one thread
+// walking E entries of global memory pays a load latency per entry.
 struct MoeLocalOps {
   MoeCtl ctl;
   int* bc;
@@ -148,6 +159,17 @@ struct MoeLocalOps {
     if (threadIdx.x == 0) ctl.wait(f, i);
     __syncthreads();
   }
+  // Threads poll a flag each; each acquires its own, and the barrier orders
+  // every acquire before any thread's reads (the same chain as thread 0's wait).
+  template <class Pred>
+  KOSMOS_DEVICE void wait_each(MoeFlag f, int n, const Pred& pred) {
+    const TraceSpan span;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      if (pred(i))
+        wait_ge<Scope::kGpu>(ctl.flag(f, i), ctl.e, p().timeout_ns, {"moe_forward", s().rank, ctl.cta, moe_flag_name(f), i});
+    __syncthreads();
+    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceWait, -1);
+  }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return bcast(threadIdx.x == 0 ? ctl.test(f, i) : 0) != 0; }
   KOSMOS_DEVICE const int* ends() { return p().hist; }
   KOSMOS_DEVICE const MoeLayout& layout() { return p().ctrl->layout; }
@@ -167,6 +189,7 @@ struct MoeLocalOps {
   // Front: block b's histogram (integer counts: the order of the shared adds
   // does not matter).
   KOSMOS_DEVICE void route(int b) {
+    const TraceSpan span;
     const PlanShape ps = moe_plan_shape(s());
     for (int e = threadIdx.x; e < E(); e += blockDim.x) scratch[e] = 0;
     __syncthreads();
@@ -175,25 +198,39 @@ struct MoeLocalOps {
     for (int q = first + threadIdx.x; q < last; q += blockDim.x) atomicAdd(scratch + p().indices[q], 1);
     __syncthreads();
     for (int e = threadIdx.x; e < E(); e += blockDim.x) p().hist[(size_t)b * E() + e] = scratch[e];
+    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, b);
   }
+  // counts[E] then start1[E + 1] in scratch, copied out.
   KOSMOS_DEVICE void scan() {
-    plan_scan(p().hist, moe_plan_shape(s()), p().ctrl->plan_counts, threadIdx.x, blockDim.x);
+    const TraceSpan span;
+    plan_scan(p().hist, moe_plan_shape(s()), scratch, threadIdx.x, blockDim.x);
     __syncthreads();
-    if (threadIdx.x == 0) plan_segments<1>(p().ctrl->plan_counts, E(), p().ctrl->start1);
+    if (threadIdx.x == 0) plan_segments<1>(scratch, E(), scratch + E());
     __syncthreads();
+    for (int e = threadIdx.x; e < E(); e += blockDim.x) p().ctrl->plan_counts[e] = scratch[e];
+    for (int e = threadIdx.x; e <= E(); e += blockDim.x) p().ctrl->start1[e] = scratch[E() + e];
+    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, -1);
   }
   KOSMOS_DEVICE void send_counts(int d) {
     for (int e = threadIdx.x; e < E(); e += blockDim.x) p().ctrl->table[d * E() + e] = p().ctrl->plan_counts[e];
   }
   KOSMOS_DEVICE void scatter(int b);
+  // The table [ep][E] and the layout in scratch, the layout copied out.
   KOSMOS_DEVICE void build_layout() {
-    if (threadIdx.x == 0) moe_build_layout(s(), p().ctrl->table, &p().ctrl->layout);
+    const int n = s().ep * E(), words = (int)(sizeof(MoeLayout) / sizeof(int));
+    MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch + n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) scratch[i] = p().ctrl->table[i];
+    __syncthreads();
+    if (threadIdx.x == 0) moe_build_layout(s(), scratch, L);
+    __syncthreads();
+    int* to = reinterpret_cast<int*>(&p().ctrl->layout);
+    for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = scratch[n + i];
   }
   KOSMOS_DEVICE void push_part(const MoeMove& m);
   // EP = 1: every unit is our own (its rows stay in the arena), so the
   // schedule never pushes one; the launcher refuses ep > 1.
   KOSMOS_DEVICE void push_unit(const MoeUnit&) { trap(); }
-  KOSMOS_DEVICE void fold(int b);
+  KOSMOS_DEVICE void fold(int item, int first, int last);
 };
 
 // Block b's pairs in token-major order take the next rows of their experts
@@ -201,6 +238,7 @@ struct MoeLocalOps {
 // expert's cursor plus the lanes below it with the same expert, so the rows
 // are the serial loop's. The advanced cursors become the block's ends.
 KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
+  const TraceSpan span;
   const PlanShape ps = moe_plan_shape(s());
   int* row0 = p().hist + (size_t)b * E();
   for (int e = threadIdx.x; e < E(); e += blockDim.x) scratch[e] = row0[e];
@@ -227,13 +265,15 @@ KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E(); e += blockDim.x) row0[e] = scratch[e];
+  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, moe_blocks(s()) + b);
 }
 
 // Dispatch part m at EP = 1: our rows for expert m.x from token group m.g,
-// gathered into their arena rows (16-byte vectors, a warp per row). Input
-// gating sends bf16(w * x), the twin's rounding of the scaled row.
+// gathered into their arena rows (a warp per row, moe_copy_row). Input gating
+// sends bf16(w * x), the twin's rounding of the scaled row.
 KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
-  const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H, vecs = H / 8;
+  const TraceSpan span;
+  const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H;
   int begin, end;
   moe_part_rows(s(), ends(), m, &begin, &end);
   const int at = layout().dst[ex], start = p().ctrl->start1[ex];
@@ -242,55 +282,36 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
     const int q = p().order[start + r];
     const uint4* from = reinterpret_cast<const uint4*>(p().x + (size_t)(q / k) * H);
     uint4* to = reinterpret_cast<uint4*>(p().arena + (size_t)(at + r) * H);
-    if (!p().input_gating) {
-      for (int v = lane; v < vecs; v += 32) to[v] = __ldg(from + v);
-      continue;
-    }
-    const float w = p().weights[q];
-    for (int v = lane; v < vecs; v += 32) {
-      uint4 u = __ldg(from + v);
-      bf16_t* h = reinterpret_cast<bf16_t*>(&u);
-      for (int i = 0; i < 8; ++i) h[i] = from_f32<bf16_t>(__fmul_rn(w, to_f32(h[i])));
-      to[v] = u;
-    }
+    moe_copy_row(from, to, H / 8, lane, p().input_gating != 0, p().input_gating ? p().weights[q] : 1.f);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (m.x * s().groups + m.g) * s().ep + m.dst);
 }
 
-// Token block b: each token's k rows weighted by its fp32 weights (1 under
-// input gating), summed in slot order in fp32 without contraction (the
-// twin's fold: products, then sums), plus y0, rounded once. A warp per token,
-// 8 columns a lane step. Also turns each pair's pos into its row of y_rows.
-KOSMOS_DEVICE void MoeLocalOps::fold(int b) {
-  const int k = s().top_k, H = p().H, vecs = H / 8, B = s().block_tokens;
-  const int last = (b + 1) * B < s().tokens ? (b + 1) * B : s().tokens;
+// Fold item: tokens [first, last), a warp per token (moe_fold_row). Also
+// turns each pair's pos into its row of y_rows (pair_row, for the backward).
+KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
+  const TraceSpan span;
+  const int k = s().top_k, H = p().H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int tok = b * B + warp; tok < last; tok += blockDim.x / 32) {
+  for (int tok = first + warp; tok < last; tok += blockDim.x / 32) {
     const int* idx = p().indices + (size_t)tok * k;
     int row = 0;
-    if (lane < k) row = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], p().pair_row[tok * k + lane]).row;
-    __syncwarp();
-    if (lane < k) p().pair_row[tok * k + lane] = row;
-    for (int v = lane; v < vecs; v += 32) {
-      float acc[8];
-      for (int j = 0; j < k; ++j) {
-        const int rj = __shfl_sync(0xffffffffu, row, j);
-        const float w = p().input_gating ? 1.f : p().weights[(size_t)tok * k + j];
-        const uint4 u = *reinterpret_cast<const uint4*>(p().y_rows + (size_t)rj * H + v * 8);
-        const bf16_t* h = reinterpret_cast<const bf16_t*>(&u);
-        for (int i = 0; i < 8; ++i) acc[i] = j == 0 ? __fmul_rn(w, to_f32(h[i])) : __fadd_rn(acc[i], __fmul_rn(w, to_f32(h[i])));
-      }
-      if (p().y0 != nullptr) {
-        const float4* y0 = reinterpret_cast<const float4*>(p().y0 + (size_t)tok * H + v * 8);
-        const float4 a = y0[0], c = y0[1];
-        const float add[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], add[i]);
-      }
-      uint4 out;
-      bf16_t* o = reinterpret_cast<bf16_t*>(&out);
-      for (int i = 0; i < 8; ++i) o[i] = from_f32<bf16_t>(acc[i]);
-      *reinterpret_cast<uint4*>(p().y + (size_t)tok * H + v * 8) = out;
+    float wt = 0.f;
+    if (lane < k) {
+      int* pr = p().pair_row + (size_t)tok * k + lane;
+      row = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], *pr).row;
+      *pr = row;
+      wt = p().input_gating ? 1.f : p().weights[(size_t)tok * k + lane];
     }
+    const float* y0 = p().y0 != nullptr ? p().y0 + (size_t)tok * H : nullptr;
+    bf16_t* y = p().y + (size_t)tok * H;
+    if (k >= 4) moe_fold_row<1>(p().y_rows, y0, y, H, k, row, wt, lane);
+    else if (k >= 2) moe_fold_row<2>(p().y_rows, y0, y, H, k, row, wt, lane);
+    else moe_fold_row<4>(p().y_rows, y0, y, H, k, row, wt, lane);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceReduce, item);
 }
 
 }  // namespace kosmos::moe

@@ -28,6 +28,19 @@ KOSMOS_HD inline int moe_n_build(const MoeFwdShape& s, const MoeLayout& L) {
   return moe_row_blocks(s, L) * (s.nt1 + s.nt2);
 }
 KOSMOS_HD inline int moe_n_units(const MoeFwdShape& s) { return s.e_local * s.ep; }
+// Fold items: kMoeFoldParts per plan block, so that the fold (a tail: with
+// balanced routing every block reads every expert) spreads over about twice as
+// many CTAs as a grid of one per SM has when t = 8192 and B = 128.
+constexpr int kMoeFoldParts = 4;
+KOSMOS_HD inline int moe_n_fold(const MoeFwdShape& s) { return moe_blocks(s) * kMoeFoldParts; }
+// Fold item f: tokens [*first, *last) of plan block f / kMoeFoldParts (returned).
+KOSMOS_HD inline int moe_fold_item(const MoeFwdShape& s, int f, int* first, int* last) {
+  const int b = f / kMoeFoldParts, per = moe_cdiv(s.block_tokens, kMoeFoldParts);
+  const int end = (b + 1) * s.block_tokens < s.tokens ? (b + 1) * s.block_tokens : s.tokens;
+  *first = b * s.block_tokens + f % kMoeFoldParts * per;
+  *last = *first + per < end ? *first + per : end;
+  return b;
+}
 // i-th rank of a destination-minor rotation: rank + 1 first, our own last.
 KOSMOS_HD inline int moe_rotated(const MoeFwdShape& s, int i) { return (s.rank + 1 + i) % s.ep; }
 

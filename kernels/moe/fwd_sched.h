@@ -30,8 +30,8 @@
 //           return buffer once their row blocks' GEMM2 tiles are done (expert-
 //           major, destination-minor as above). Our own units copy nothing: the
 //           fold reads those rows in the arena. Each releases returned[e] at s.
-//  fold     token block b, once every unit holding its rows has returned: each
-//           token's k rows weighted by fp32 router weights, summed in fp32 in
+//  fold     a part of token block b (kMoeFoldParts per block), once every unit
+//           holding the block's rows has returned: each token's k rows weighted by fp32 router weights, summed in fp32 in
 //           slot order (moe_fold_token).
 //
 // Memory model. Flags hold epochs (never reset: ready is flag >= epoch); a
@@ -82,9 +82,11 @@ KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
 // `Ops` supplies CTA-uniform primitives: claim(queue); count(counter, i, target)
 // (add one; true for the add that completes it, which re-arms it); release(flag,
 // home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
-// i) on our own flags; ends() (plan ends [nb][E], after kPlanned); layout(); and
+// i) on our own flags; wait_each(flag, n, pred): wait(flag, i) for every i < n
+// with pred(i), in any order (a CTA polls them in parallel); ends() (plan ends [nb][E], after kPlanned); layout(); and
 // the work: route, scan, send_counts, scatter, build_layout, push_part,
-// build(L, most) (the GEMM tiles, MoeBuilds below), push_unit, fold, finish.
+// build(L, most) (the GEMM tiles, MoeBuilds below), push_unit, fold(item, first, last) (tokens),
+// finish.
 
 // The last route block: scan, then the count exchange (our own row last).
 template <class Ops>
@@ -216,7 +218,10 @@ KOSMOS_MOE_INLINE void moe_build_phase(Ops& ops, const MoeFwdShape& s, const Moe
                                        bool switching) {
   const int n_units = moe_n_units(s);
   bool tiles = switching || !mover;
-  int u = mover ? ops.claim(MoeQueue::kCombine) : n_units;
+  // At EP = 1 every unit is our own and copies nothing, so holding one would
+  // only cut a mover's building into one-tile passes (each fills and drains
+  // the engine's pipeline): a mover builds as a builder does.
+  int u = mover && (s.ep > 1 || !switching) ? ops.claim(MoeQueue::kCombine) : n_units;
   for (;;) {
     if (u < n_units) {
       const MoeUnit c = moe_unit_item(s, u);
@@ -241,14 +246,20 @@ KOSMOS_MOE_INLINE void moe_combine_rest(Ops& ops, const MoeFwdShape& s, const Mo
     moe_push_unit(ops, s, L, moe_unit_item(s, u));
 }
 
+// Whether fold block b reads rows of expert e (and so waits for them).
+KOSMOS_HD inline bool moe_fold_reads(const MoeFwdShape& s, const int* ends, int b, int e) {
+  return moe_rows_before(s, ends, b + 1, e) > moe_rows_before(s, ends, b, e);
+}
+
 template <class Ops>
 KOSMOS_MOE_INLINE void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
-  const int nb = moe_blocks(s), E = moe_experts(s);
+  const int n = moe_n_fold(s), E = moe_experts(s);
   const int* ends = ops.ends();
-  for (int b = ops.claim(MoeQueue::kFold); b < nb; b = ops.claim(MoeQueue::kFold)) {
-    for (int e = 0; e < E; ++e)
-      if (moe_rows_before(s, ends, b + 1, e) > moe_rows_before(s, ends, b, e)) ops.wait(MoeFlag::kReturned, e);
-    ops.fold(b);
+  for (int f = ops.claim(MoeQueue::kFold); f < n; f = ops.claim(MoeQueue::kFold)) {
+    int first, last;
+    const int b = moe_fold_item(s, f, &first, &last);
+    ops.wait_each(MoeFlag::kReturned, E, [&](int e) { return moe_fold_reads(s, ends, b, e); });
+    ops.fold(f, first, last);
   }
 }
 

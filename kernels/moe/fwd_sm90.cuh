@@ -121,8 +121,10 @@ struct MoeSm90Ops : MoeLocalOps {
       const int gemm = pass->pending.gemm, ran = pass->ran;
       __syncthreads();  // read before thread 0 writes the pass again
       if (gemm == 0) return ran;
+      const TraceSpan span;
       if (gemm == 1) run_pass<1>(b, most); else run_pass<2>(b, most);
       __syncthreads();  // the engine's threads return at different times
+      if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceBuild, gemm);
     }
   }
 };
@@ -130,12 +132,13 @@ struct MoeSm90Ops : MoeLocalOps {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg> p) {
   static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
+  static_assert(sizeof(sm90::SharedStorage<Cfg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
-  // The front's scratch (E ints) is the engine's ring: no engine runs during the front.
+  // The front's scratch is the engine's A ring: no engine runs during the front.
   MoeSm90Ops<Cfg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }

@@ -62,15 +62,20 @@ KOSMOS_HD inline void plan_histogram(const int* indices, const PlanShape& s, int
 // (b) hist[n_blocks, E]: block counts in, block starts out (in place);
 // counts[E] = each expert's pairs. Lanes split the experts; each expert's scan
 // runs over the blocks in block order, which makes the blocks' rows ordered.
+// A lane reads kBatch blocks' counts before it writes their starts: on a GPU the
+// loads are then in flight together instead of one latency per block.
 KOSMOS_HD inline void plan_scan(int* hist, const PlanShape& s, int* counts, int lane, int lanes) {
+  constexpr int kBatch = 8;
   const int n_blocks = plan_blocks(s);
   for (int e = lane; e < s.num_experts; e += lanes) {
     int run = 0;
-    for (int b = 0; b < n_blocks; ++b) {
-      int* h = hist + (size_t)b * s.num_experts + e;
-      const int n = *h;
-      *h = run;
-      run += n;
+    for (int b0 = 0; b0 < n_blocks; b0 += kBatch) {
+      int n[kBatch];
+      for (int i = 0; i < kBatch; ++i) n[i] = b0 + i < n_blocks ? hist[(size_t)(b0 + i) * s.num_experts + e] : 0;
+      for (int i = 0; i < kBatch && b0 + i < n_blocks; ++i) {
+        hist[(size_t)(b0 + i) * s.num_experts + e] = run;
+        run += n[i];
+      }
     }
     counts[e] = run;
   }

@@ -165,7 +165,9 @@ def test_matches_twin_and_oracle(kind, t):
   y, aux = _run(cfg, "fused", x, p)
   yr, auxr = _run(cfg, "reference", x, p)
   assert_close(y, yr, BF16, rtol=TWIN_RTOL, what=f"{kind} t={t} fused vs twin")
-  np.testing.assert_array_equal(np.asarray(aux), np.asarray(auxr))  # XLA computes both
+  # XLA computes both from the same routing, in differently fused programs: fp32 sums
+  # may reassociate, so a few fp32 ulps (measured 1.9e-7 relative), never more.
+  np.testing.assert_allclose(np.asarray(aux), np.asarray(auxr), rtol=1e-5, atol=0)
   yd, _ = dense_moe(jnp.asarray(x, jnp.float32), to_f32(p), cfg)
   assert_close(y, yd, BF16, what=f"{kind} t={t} fused vs dense oracle")
 

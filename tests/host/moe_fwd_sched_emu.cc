@@ -243,6 +243,11 @@ struct HostOps {
     wait_ge<Scope::kSys>(flag(rank, f, i), e, g_timeout_ns, {"moe_fwd_emu", rank, cta, moe_flag_name(f), i});
   }
   bool test(MoeFlag f, int i) { return seen(f, i); }
+  template <class Pred>
+  void wait_each(MoeFlag f, int n, const Pred& pred) {
+    for (int i = 0; i < n; ++i)
+      if (pred(i)) wait(f, i);
+  }
   void announce_ready() {
     EMU_CHECK(cta == 0, "rank %d: cta %d announces", rank, cta);
     for (int r = 0; r < c.ep; ++r) store_release<Scope::kSys>(flag(r, MoeFlag::kReady, rank), e);
@@ -379,10 +384,10 @@ struct HostOps {
     }
     jitter();
   }
-  void fold(int b) {
-    ran(MoeQueue::kFold, b);
+  void fold(int item, int first, int last) {
+    ran(MoeQueue::kFold, item);
     const int H = c.H(), k = c.k;
-    for (int i = b * c.B; i < std::min(c.t, (b + 1) * c.B); ++i) {
+    for (int i = first; i < last; ++i) {
       std::vector<const float*> rows(k);
       for (int j = 0; j < k; ++j) {
         const int p = i * k + j, ex = me().idx[p];
@@ -421,7 +426,7 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
   expect_once(r.ran[(int)MoeQueue::kFront], moe_n_front(s), "front item", c, rank, e);
   expect_once(r.ran[(int)MoeQueue::kMove], moe_n_move(s), "dispatch part", c, rank, e);
   expect_once(r.ran[(int)MoeQueue::kBuild], moe_n_build(s, L), "GEMM tile", c, rank, e);
-  expect_once(r.ran[(int)MoeQueue::kFold], moe_blocks(s), "fold block", c, rank, e);
+  expect_once(r.ran[(int)MoeQueue::kFold], moe_n_fold(s), "fold item", c, rank, e);
   EMU_CHECK(r.scans == 1, "rank %d epoch %llu: %u scans", rank, (unsigned long long)e, r.scans);
   auto rel = [&](MoeFlag f, int home, int i) {
     return r.released[(int)f][(size_t)home * r.flags[(int)f].size() + i];
@@ -467,7 +472,7 @@ void run_rank(const Case& c, const Model& model, Ranks& ranks, int rank, unsigne
     const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
     const Inputs in(c, it, rank);
     const int sizes[kQueues] = {moe_n_front(s), moe_n_move(s), moe_max_row_blocks(s) * (c.nt1 + c.nt2), 0,
-                                moe_blocks(s)};
+                                moe_n_fold(s)};
     for (int q = 0; q < kQueues; ++q) r.ran[q].assign(sizes[q], 0);
     for (auto& v : r.released) std::fill(v.begin(), v.end(), 0u);
     r.scans = 0;

@@ -62,6 +62,11 @@ struct CheckOps {
     wait_ge<Scope::kSys>(flag(p.s.rank, f, i), e, p.timeout_ns, {"moe_fwd_check", p.s.rank, cta, moe_flag_name(f), i});
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kSys>(flag(p.s.rank, f, i)) >= e; }
+  template <class Pred>
+  KOSMOS_DEVICE void wait_each(MoeFlag f, int n, const Pred& pred) {
+    for (int i = 0; i < n; ++i)
+      if (pred(i)) wait(f, i);
+  }
   KOSMOS_DEVICE const int* ends() { return me().hist; }
   KOSMOS_DEVICE const MoeLayout& layout() { return *me().layout; }
   KOSMOS_DEVICE int mode() { return me().layout->dropless; }
@@ -146,9 +151,9 @@ struct CheckOps {
     float* to = p.mem[u.dst].ret + (size_t)layout().ret[u.dst * p.s.e_local + u.x] * p.H;
     for (size_t i = 0; i < (size_t)rows * p.H; ++i) to[i] = me().y[mode()][(size_t)row * p.H + i];
   }
-  KOSMOS_DEVICE void fold(int b) {
-    const int k = p.s.top_k, last = (b + 1) * p.s.block_tokens < p.s.tokens ? (b + 1) * p.s.block_tokens : p.s.tokens;
-    for (int tok = b * p.s.block_tokens; tok < last; ++tok) {
+  KOSMOS_DEVICE void fold(int, int first, int last) {
+    const int k = p.s.top_k;
+    for (int tok = first; tok < last; ++tok) {
       auto row = [&](int j, int i) {
         const int q = tok * k + j;
         const MoeRowRef r = moe_pair_row(p.s, layout(), me().start1, me().idx[q], me().pos[q]);

@@ -1,0 +1,104 @@
+// The MoE forward's row traffic at EP = 1, one warp per row or token: the
+// dispatch gather (a token row into its arena row) and the fold (a token's k
+// expert rows into its output row). Both are bandwidth work on HBM, so each
+// lane puts several 16-byte loads in flight before it uses any of them: a loop
+// that loads, then stores or adds, keeps one load per lane in flight and runs
+// at a few GB/s per SM (one load latency per 16 bytes).
+#pragma once
+#include <cstdint>
+
+#include "kosmos/platform.h"
+#include "kosmos/types.h"
+
+namespace kosmos::moe {
+
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// One row of `vecs` 16-byte vectors (8 bf16 each) copied by one warp, kDepth
+// vectors per lane in flight; with `scale`, each element becomes bf16(w * x)
+// (input gating: the twin rounds the scaled row once).
+template <int kDepth = 8>
+KOSMOS_DEVICE void moe_copy_row(const uint4* from, uint4* to, int vecs, int lane, bool scale, float w) {
+  for (int v0 = lane; v0 < vecs; v0 += 32 * kDepth) {
+    uint4 u[kDepth];
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i)
+      if (v0 + 32 * i < vecs) u[i] = __ldg(from + v0 + 32 * i);
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      if (v0 + 32 * i >= vecs) continue;
+      if (scale) {
+        bf16_t* h = reinterpret_cast<bf16_t*>(&u[i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[e] = from_f32<bf16_t>(__fmul_rn(w, to_f32(h[e])));
+      }
+      to[v0 + 32 * i] = u[i];
+    }
+  }
+}
+
+// A token's fold over the vectors v0 + 32 * i (i < kV) of its output row: the
+// sum over slots j = 0..k-1 in that order of w_j * row_j, fp32 products then
+// fp32 sums (no contraction: the twin's fold), plus y0, rounded once. Lane j
+// holds slot j's row (`row`) and weight (`wt`); kJ = kFoldDepth / kV slots'
+// loads are in flight at once, so kFoldDepth vectors per lane whatever k (more
+// spills: the kernel runs at the Hopper engine's 168 registers).
+constexpr int kFoldDepth = 4;
+template <int kV>
+KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
+                                 int v0, int vecs) {
+  constexpr int kJ = kFoldDepth / kV;
+  float acc[kV][8];
+  for (int j0 = 0; j0 < k; j0 += kJ) {
+    uint4 u[kJ][kV];
+    float w[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int slot = j0 + j < k ? j0 + j : k - 1;  // every lane shuffles: the source lane must take part
+      const int r = __shfl_sync(kFullWarp, row, slot);
+      w[j] = __shfl_sync(kFullWarp, wt, slot);
+#pragma unroll
+      for (int i = 0; i < kV; ++i)
+        if (j0 + j < k && v0 + 32 * i < vecs) u[j][i] = *reinterpret_cast<const uint4*>(rows + (size_t)r * H + (v0 + 32 * i) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      if (j0 + j >= k) break;
+#pragma unroll
+      for (int i = 0; i < kV; ++i) {
+        const bf16_t* h = reinterpret_cast<const bf16_t*>(&u[j][i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float term = __fmul_rn(w[j], to_f32(h[e]));
+          acc[i][e] = j0 + j == 0 ? term : __fadd_rn(acc[i][e], term);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    const int v = v0 + 32 * i;
+    if (v >= vecs) continue;
+    if (y0 != nullptr) {
+      const float4 a = reinterpret_cast<const float4*>(y0)[2 * v], c = reinterpret_cast<const float4*>(y0)[2 * v + 1];
+      const float add[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] = __fadd_rn(acc[i][e], add[e]);
+    }
+    uint4 out;
+    bf16_t* o = reinterpret_cast<bf16_t*>(&out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = from_f32<bf16_t>(acc[i][e]);
+    reinterpret_cast<uint4*>(y)[v] = out;
+  }
+}
+
+// A token's whole output row, kV vectors per lane step (kV * k >= kFoldDepth where k allows).
+template <int kV>
+KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
+                                int lane) {
+  const int vecs = H / 8;
+  for (int v0 = lane; v0 < vecs; v0 += 32 * kV) moe_fold_vecs<kV>(rows, y0, y, H, k, row, wt, v0, vecs);
+}
+
+}  // namespace kosmos::moe
