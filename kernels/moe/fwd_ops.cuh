@@ -1,6 +1,6 @@
 // The MoE forward megakernel's device operations at EP = 1 (one rank, no
-// peers): the control words and the CTA-wide work that moe_fwd_cta
-// (moe/fwd_sched.h) asks of its Ops, on any CUDA GPU. The GEMM tiles are the
+// peers): the CTA-wide work that moe_fwd_cta (moe/fwd_sched.h) asks of its
+// Ops, on any CUDA GPU, over the control words of moe/fwd_ctl.cuh. The GEMM tiles are the
 // engine's (moe/fwd_sm90.cuh adds build()). Routing runs before the launch
 // (the router GEMM and top-k as XLA ops), so the front's route item is the plan
 // histogram of its block.
@@ -17,110 +17,14 @@
 #pragma once
 #include <cstdint>
 
-#include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
 #include "kosmos/types.h"
+#include "moe/fwd_ctl.cuh"
 #include "moe/fwd_rows.cuh"
 #include "moe/fwd_sched.h"
-#include "moe/fwd_ws.h"
 
 namespace kosmos::moe {
-
-constexpr int kMoeThreads = 384;  // the Hopper engine's CTA: every CTA-wide step uses all of them
-
-struct MoeCtrl {
-  uint64_t epoch;                          // last epoch completed (0 after the launcher's memset)
-  uint32_t queue[5];                       // by MoeQueue
-  uint32_t finished;
-  uint32_t routed, scattered;              // MoeCount kRouted, kScattered
-  uint32_t parts[kMaxExperts];             // MoeCount kParts [ep * E_l]
-  uint64_t ready[kEpMaxRanks], counts[kEpMaxRanks];
-  uint64_t scanned, planned, laid_out;
-  uint64_t arrived[kMaxExperts];           // [ep * E_l]
-  uint64_t returned[kMaxExperts];          // [E]
-  int plan_counts[kMaxExperts];            // [E] this rank's pairs per expert
-  int start1[kMaxExperts + 1];             // packed segment starts (plan_segments<1>)
-  int table[kEpMaxRanks * kMaxExperts];    // [ep][E] exchanged counts
-  MoeLayout layout;
-};
-static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its workspace section");
-// The front's shared scratch (ints): the exchanged table and a MoeLayout built
-// beside it (the largest use; routing and the scan need 2E + 1).
-constexpr int kMoeScratchInts = kEpMaxRanks * kMaxExperts + (int)(sizeof(MoeLayout) / sizeof(int));
-
-struct MoeFwdParams {
-  MoeFwdShape s;          // ep == 1
-  int H, I;
-  const bf16_t* x;        // [t][H]
-  const int* indices;     // [t*k] expert of each pair (routing.indices)
-  const float* weights;   // [t*k] fp32 combine weights
-  const float* y0;        // [t][H] fp32 added before rounding (the shared expert), or nullptr
-  bf16_t* y;              // [t][H]
-  int* pair_row;          // [t*k] the plan's pos, then (the fold) the pair's row of y_rows
-  int input_gating;       // rows sent are w * x and fold with weight 1 (Llama 4)
-  MoeCtrl* ctrl;
-  uint64_t* rb_flags;     // [2][rbs] GEMM1, GEMM2 row-block flags
-  uint32_t* rb_counts;    // [2][rbs]
-  int rbs;                // row blocks of the arena (R / tile_m)
-  int* hist;              // [nb][E] plan_scan's starts, then each block's ends
-  int* order;             // [t*k] pairs in the packed plan order
-  bf16_t* arena;          // [R][H] the experts' input rows
-  bf16_t* act;            // [R][I] SwiGLU outputs
-  bf16_t* y_rows;         // [R][H] the experts' output rows
-  int movers, switching;
-  uint64_t timeout_ns;
-  TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
-};
-
-// The control words as one thread sees them: what the engine's producer and
-// publisher threads drive MoeBuilds with, and what the CTA-wide ops wrap.
-struct MoeCtl {
-  const MoeFwdParams* p;
-  uint64_t e;
-  int cta;
-
-  KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const {
-    MoeCtrl* c = p->ctrl;
-    switch (f) {
-      case MoeFlag::kReady: return c->ready + i;
-      case MoeFlag::kCounts: return c->counts + i;
-      case MoeFlag::kScanned: return &c->scanned;
-      case MoeFlag::kPlanned: return &c->planned;
-      case MoeFlag::kLaidOut: return &c->laid_out;
-      case MoeFlag::kArrived: return c->arrived + i;
-      case MoeFlag::kGemm1: return p->rb_flags + i;
-      case MoeFlag::kGemm2: return p->rb_flags + p->rbs + i;
-      default: return c->returned + i;
-    }
-  }
-  KOSMOS_DEVICE uint32_t* counter(MoeCount k, int i) const {
-    MoeCtrl* c = p->ctrl;
-    switch (k) {
-      case MoeCount::kRouted: return &c->routed;
-      case MoeCount::kScattered: return &c->scattered;
-      case MoeCount::kParts: return c->parts + i;
-      case MoeCount::kGemm1: return p->rb_counts + i;
-      default: return p->rb_counts + p->rbs + i;
-    }
-  }
-  KOSMOS_DEVICE int claim(MoeQueue q) { return (int)WorkQueue{p->ctrl->queue + (int)q, 0}.claim(); }
-  // The add that completes the count re-arms it (nothing adds to it again this epoch).
-  KOSMOS_DEVICE bool count(MoeCount k, int i, int target) {
-    uint32_t* c = counter(k, i);
-    if (add_acq_rel_gpu_u32(c, 1) + 1 != (uint32_t)target) return false;
-    *c = 0;
-    return true;
-  }
-  KOSMOS_DEVICE void release(MoeFlag f, int, int i) { store_release<Scope::kGpu>(flag(f, i), e); }
-  // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
-  KOSMOS_DEVICE void wait(MoeFlag f, int i) {
-    const TraceSpan span;
-    wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {"moe_forward", p->s.rank, cta, moe_flag_name(f), i});
-    span.close(p->trace, cta, kTraceWait, i);
-  }
-  KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
-};
 
 // CTA-wide Ops for moe_fwd_cta: every thread calls every member; thread 0
 // touches the control words and broadcasts through `bc` (static shared memory).
@@ -234,37 +138,51 @@ struct MoeLocalOps {
 };
 
 // Block b's pairs in token-major order take the next rows of their experts
-// (plan_scatter), one warp ranking 32 pairs at a time: a pair's row is the
-// expert's cursor plus the lanes below it with the same expert, so the rows
-// are the serial loop's. The advanced cursors become the block's ends.
+// (plan_scatter). Each warp takes a contiguous chunk of the pairs; its cursor
+// per expert is the block's start plus the chunk counts of the warps before it
+// (a scan over warps in scratch), and inside the chunk a warp ranks 32 pairs at
+// a time: a pair's row is the cursor plus the lanes below it with the same
+// expert. So the rows are the serial loop's, in a few rounds instead of B*k/32.
+// The advanced cursors become the block's ends.
 KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
+  static_assert(kMoeThreads / 32 * kMaxExperts <= kMoeScratchInts, "a cursor per warp and expert fits scratch");
   const TraceSpan span;
-  const PlanShape ps = moe_plan_shape(s());
   int* row0 = p().hist + (size_t)b * E();
-  for (int e = threadIdx.x; e < E(); e += blockDim.x) scratch[e] = row0[e];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int first, last;
+  plan_block_pairs(moe_plan_shape(s()), b, &first, &last);
+  const int chunk = (last - first + warps * 32 - 1) / (warps * 32) * 32;
+  const int lo = first + warp * chunk, hi = lo + chunk < last ? lo + chunk : last;
+  int* cur = scratch + warp * E();  // [warps][E]
+  for (int i = threadIdx.x; i < warps * E(); i += blockDim.x) scratch[i] = 0;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int first, last;
-    plan_block_pairs(ps, b, &first, &last);
-    for (int base = first; base < last; base += 32) {
-      const int q = base + lane;
-      const bool valid = q < last;
-      const int e = valid ? p().indices[q] : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, e);
-      const int below = __popc(same & ((1u << lane) - 1u));
-      const int row = valid ? scratch[e] + below : 0;
-      __syncwarp();
-      if (valid && below == 0) scratch[e] += __popc(same);
-      __syncwarp();
-      if (valid) {
-        p().pair_row[q] = row;
-        p().order[p().ctrl->start1[e] + row] = q;
-      }
+  for (int q = lo + lane; q < hi; q += 32) atomicAdd(cur + p().indices[q], 1);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E(); e += blockDim.x) {
+    int run = row0[e];
+    for (int w = 0; w < warps; ++w) {
+      const int n = scratch[w * E() + e];
+      scratch[w * E() + e] = run;
+      run += n;
     }
+    row0[e] = run;  // the block's end; no one reads row0 before kPlanned
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E(); e += blockDim.x) row0[e] = scratch[e];
+  for (int base = lo; base < hi; base += 32) {
+    const int q = base + lane;
+    const bool valid = q < hi;
+    const int e = valid ? p().indices[q] : -1;
+    const unsigned same = __match_any_sync(kFullWarp, e);
+    const int below = __popc(same & ((1u << lane) - 1u));
+    const int row = valid ? cur[e] + below : 0;
+    __syncwarp();
+    if (valid && below == 0) cur[e] += __popc(same);
+    __syncwarp();
+    if (valid) {
+      p().pair_row[q] = row;
+      p().order[p().ctrl->start1[e] + row] = q;
+    }
+  }
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, moe_blocks(s()) + b);
 }
 

@@ -2,7 +2,7 @@
 // result), cut into sections of whole KiB. kosmos_jax/ops/_fused_moe.py
 // computes the same total; the handler refuses a smaller buffer, naming both.
 //
-//   ctrl     kMoeCtrlBytes   MoeCtrl (moe/fwd_ops.cuh): zeroed before each launch
+//   ctrl     kMoeCtrlBytes   MoeCtrl (moe/fwd_ctl.cuh): zeroed before each launch
 //   rb       32 per row block: GEMM1/GEMM2 flags and counts, zeroed with ctrl
 //   hist     [nb][E] int
 //   order    [R] int         (the packed plan order uses t*k <= R of them)

@@ -1,0 +1,116 @@
+// The MoE forward megakernel's control words at EP = 1: the control block in
+// the workspace (moe/fwd_ws.h), the launch's parameters, and MoeCtl, the view
+// of them one thread has (the engine's producer and publisher threads drive the
+// build queue with it; the CTA-wide ops of moe/fwd_ops.cuh wrap it).
+//
+// Flags hold epochs; counters are u32s re-armed by the add that completes them
+// (moe/fwd_sched.h). Everything here is at gpu scope: at EP = 1 every reader
+// is on this GPU.
+#pragma once
+#include <cstdint>
+
+#include "kosmos/queue.h"
+#include "kosmos/sync.h"
+#include "kosmos/trace.h"
+#include "kosmos/types.h"
+#include "moe/fwd_sched.h"
+#include "moe/fwd_ws.h"
+
+namespace kosmos::moe {
+
+constexpr int kMoeThreads = 384;  // the Hopper engine's CTA: every CTA-wide step uses all of them
+
+struct MoeCtrl {
+  uint64_t epoch;                          // last epoch completed (0 after the launcher's memset)
+  uint32_t queue[5];                       // by MoeQueue
+  uint32_t finished;
+  uint32_t routed, scattered;              // MoeCount kRouted, kScattered
+  uint32_t parts[kMaxExperts];             // MoeCount kParts [ep * E_l]
+  uint64_t ready[kEpMaxRanks], counts[kEpMaxRanks];
+  uint64_t scanned, planned, laid_out;
+  uint64_t arrived[kMaxExperts];           // [ep * E_l]
+  uint64_t returned[kMaxExperts];          // [E]
+  int plan_counts[kMaxExperts];            // [E] this rank's pairs per expert
+  int start1[kMaxExperts + 1];             // packed segment starts (plan_segments<1>)
+  int table[kEpMaxRanks * kMaxExperts];    // [ep][E] exchanged counts
+  MoeLayout layout;
+};
+static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its workspace section");
+// The front's shared scratch (ints): the exchanged table and a MoeLayout built
+// beside it (the largest use; routing and the scan need 2E + 1).
+constexpr int kMoeScratchInts = kEpMaxRanks * kMaxExperts + (int)(sizeof(MoeLayout) / sizeof(int));
+
+struct MoeFwdParams {
+  MoeFwdShape s;          // ep == 1
+  int H, I;
+  const bf16_t* x;        // [t][H]
+  const int* indices;     // [t*k] expert of each pair (routing.indices)
+  const float* weights;   // [t*k] fp32 combine weights
+  const float* y0;        // [t][H] fp32 added before rounding (the shared expert), or nullptr
+  bf16_t* y;              // [t][H]
+  int* pair_row;          // [t*k] the plan's pos, then (the fold) the pair's row of y_rows
+  int input_gating;       // rows sent are w * x and fold with weight 1 (Llama 4)
+  MoeCtrl* ctrl;
+  uint64_t* rb_flags;     // [2][rbs] GEMM1, GEMM2 row-block flags
+  uint32_t* rb_counts;    // [2][rbs]
+  int rbs;                // row blocks of the arena (R / tile_m)
+  int* hist;              // [nb][E] plan_scan's starts, then each block's ends
+  int* order;             // [t*k] pairs in the packed plan order
+  bf16_t* arena;          // [R][H] the experts' input rows
+  bf16_t* act;            // [R][I] SwiGLU outputs
+  bf16_t* y_rows;         // [R][H] the experts' output rows
+  int movers, switching;
+  uint64_t timeout_ns;
+  TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
+};
+
+// The control words as one thread sees them: what the engine's producer and
+// publisher threads drive MoeBuilds with, and what the CTA-wide ops wrap.
+struct MoeCtl {
+  const MoeFwdParams* p;
+  uint64_t e;
+  int cta;
+
+  KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const {
+    MoeCtrl* c = p->ctrl;
+    switch (f) {
+      case MoeFlag::kReady: return c->ready + i;
+      case MoeFlag::kCounts: return c->counts + i;
+      case MoeFlag::kScanned: return &c->scanned;
+      case MoeFlag::kPlanned: return &c->planned;
+      case MoeFlag::kLaidOut: return &c->laid_out;
+      case MoeFlag::kArrived: return c->arrived + i;
+      case MoeFlag::kGemm1: return p->rb_flags + i;
+      case MoeFlag::kGemm2: return p->rb_flags + p->rbs + i;
+      default: return c->returned + i;
+    }
+  }
+  KOSMOS_DEVICE uint32_t* counter(MoeCount k, int i) const {
+    MoeCtrl* c = p->ctrl;
+    switch (k) {
+      case MoeCount::kRouted: return &c->routed;
+      case MoeCount::kScattered: return &c->scattered;
+      case MoeCount::kParts: return c->parts + i;
+      case MoeCount::kGemm1: return p->rb_counts + i;
+      default: return p->rb_counts + p->rbs + i;
+    }
+  }
+  KOSMOS_DEVICE int claim(MoeQueue q) { return (int)WorkQueue{p->ctrl->queue + (int)q, 0}.claim(); }
+  // The add that completes the count re-arms it (nothing adds to it again this epoch).
+  KOSMOS_DEVICE bool count(MoeCount k, int i, int target) {
+    uint32_t* c = counter(k, i);
+    if (add_acq_rel_gpu_u32(c, 1) + 1 != (uint32_t)target) return false;
+    *c = 0;
+    return true;
+  }
+  KOSMOS_DEVICE void release(MoeFlag f, int, int i) { store_release<Scope::kGpu>(flag(f, i), e); }
+  // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
+  KOSMOS_DEVICE void wait(MoeFlag f, int i) {
+    const TraceSpan span;
+    wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {"moe_forward", p->s.rank, cta, moe_flag_name(f), i});
+    span.close(p->trace, cta, kTraceWait, i);
+  }
+  KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
+};
+
+}  // namespace kosmos::moe
