@@ -78,7 +78,7 @@ from kosmos_jax.testing import grouped_gemm as gg  # noqa: E402
 from kosmos_jax.testing import moe_forward_built  # noqa: E402
 
 BF16 = jnp.bfloat16
-ARMS = ("reference", "fused", "fused_fixed", "floor")
+ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part")
 ROUTINGS = ("balanced", "skewed")
 NAMES = ("router_w", "gate_up", "down", "shared_gate_up", "shared_down", "expert_bias")
 LOGIT_SCALE = 4.0  # c: a chosen expert's logit is ~ +4, the others' ~ -4
@@ -259,6 +259,21 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
                                out_specs=(P("ep"), P())))
 
 
+def xla_part_arm(cfg: moe.MoEConfig, names: tuple):
+  """What the fused arm runs in XLA around its launch (routing, aux loss, shared expert),
+  timed alone: the fused arm's time minus this is the launch's."""
+  from kosmos_jax.ops import _fused_moe
+
+  def local(x, *ps):
+    p = dict(zip(names, ps))
+    routing, aux, _, ys = _fused_moe.xla_part(x, p["router_w"], p.get("shared_gate_up"), p.get("shared_down"),
+                                              p.get("expert_bias"), config=cfg, axis_name="ep")
+    return (routing.indices, routing.weights, aux) + ((ys,) if ys is not None else ())
+
+  outs = (P("ep"), P("ep"), P()) + ((P("ep"),) if cfg.shared_expert_intermediate else ())
+  return jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=(P("ep"), *[P() for _ in names]), out_specs=outs))
+
+
 def floor_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int) -> tuple:
   """Pre-permuted balanced rows for the floor's GEMMs, random (each GEMM's own input,
   as the GEMMs alone need no SwiGLU between them): (a1 [M, h], a2 [M, I], gate_up, down,
@@ -323,11 +338,13 @@ def bench(name: str, routing: str, args) -> list[dict]:
       if arm == "floor":
         fn = floor_arm()
         arm_sets = harness.rotation(lambda i: floor_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 2)
+      elif arm == "xla_part":
+        fn, arm_sets = xla_part_arm(cfg, names), sets
       else:
         launch = MoeLaunch(switching=False) if arm == "fused_fixed" else None
         fn, arm_sets = layer_arm(cfg, names, "reference" if arm == "reference" else "fused", launch), sets
       tm = time_arm(fn, arm_sets, args, gflop)
-      if arm != "floor":
+      if arm not in ("floor", "xla_part"):
         outs[arm] = fn(*sets[0])[0]
       row.update(median_ms=tm.median_ms, min_ms=tm.min_ms, calls=tm.calls_per_rep, reps=tm.reps,
                  tflops=gflop / tm.median_ms)
@@ -353,6 +370,7 @@ def bench(name: str, routing: str, args) -> list[dict]:
 
 # MoE spans in kosmos_jax.trace's role slots (kernels/moe/fwd_ops.cuh).
 TIMELINE_ROLES = ("build (GEMM tiles)", "move (dispatch)", "reduce (fold)", "wait", "front (route, plan)")
+WAIT_FLAGS = ("ready", "counts", "scanned", "planned", "laid_out", "arrived", "gemm1", "gemm2", "returned")
 
 
 def timeline(name: str, routing: str, args) -> list[str]:
@@ -383,6 +401,13 @@ def timeline(name: str, routing: str, args) -> list[str]:
       lines.append(f"  {role:20s} spans {sel.size:6d} CTAs {np.unique(sel['cta']).size:4d} busy "
                    f"{busy / 1e6:8.3f} CTA-ms  from {(int(sel['start_ns'].min()) - t0) / 1e3:8.1f} us "
                    f"to {(int(sel['end_ns'].max()) - t0) / 1e3:8.1f} us")
+  waits = recs[recs["role"] == 3]
+  for f, flag in enumerate(WAIT_FLAGS):  # kernels/moe/fwd_ctl.cuh moe_wait_tile
+    sel = waits[(waits["tile"] >> 20) == f]
+    if sel.size:
+      d = (sel["end_ns"] - sel["start_ns"]).astype(np.int64)
+      lines.append(f"  wait {flag:10s} spans {sel.size:6d} busy {d.sum() / 1e6:8.3f} CTA-ms  longest "
+                   f"{d.max() / 1e3:8.1f} us  last end {(int(sel['end_ns'].max()) - t0) / 1e3:8.1f} us")
   if os.environ.get("OUT"):  # the PNG only: the JSON can be tens of MB
     shutil.copy(f"{stem}.png", os.environ["OUT"])
   return lines
@@ -421,6 +446,8 @@ def table(rows, arms) -> str:
                "with two one-expert grouped GEMMs)" if shared else "") + "; router and SwiGLU not counted.",
             "- floor: the expert GEMMs alone on pre-permuted balanced rows (each expert's padded to 128), "
             "the same for both routings; fused / floor = floor time / fused time.",
+            "- xla_part: what the fused arm still runs as XLA ops around its launch (routing, aux loss, "
+            "shared expert), timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
             "- max load: largest expert count / mean of the router's picks (1.00 = exactly balanced); "
             "(fallback): a count exceeds the twin's capacity, so the reference arm runs its dropless pass."]
   if any(r["experts"] != r["experts_preset"] for r in rows):
@@ -436,7 +463,7 @@ def table(rows, arms) -> str:
 def plot(rows, arms, path: pathlib.Path) -> None:
   keys = list(dict.fromkeys((r["preset"], r["routing"]) for r in rows))
   series = {}
-  for arm in arms:
+  for arm in (a for a in arms if a != "xla_part"):  # not a layer: its TF/s mean nothing
     by = {(r["preset"], r["routing"]): r for r in rows if r["arm"] == arm}
     series[arm] = [by[k]["tflops"] if k in by and by[k]["status"] == "ok" else float("nan") for k in keys]
   harness.bar_plot([f"{p} {r}" for p, r in keys], series, path, ylabel="TFLOP/s",

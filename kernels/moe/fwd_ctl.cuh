@@ -18,6 +18,10 @@
 
 namespace kosmos::moe {
 
+// A wait span's tile field: the flag in the top bits, its index below
+// (benchmarks/moe.py --timeline names them; i = 0xfffff: every flag it needs).
+KOSMOS_HD inline int moe_wait_tile(MoeFlag f, int i) { return (int)f << 20 | (i & 0xfffff); }
+
 constexpr int kMoeThreads = 384;  // the Hopper engine's CTA: every CTA-wide step uses all of them
 
 struct MoeCtrl {
@@ -108,7 +112,7 @@ struct MoeCtl {
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
     const TraceSpan span;
     wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {"moe_forward", p->s.rank, cta, moe_flag_name(f), i});
-    span.close(p->trace, cta, kTraceWait, i);
+    span.close(p->trace, cta, kTraceWait, moe_wait_tile(f, i));
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
 };

@@ -72,7 +72,7 @@ struct MoeLocalOps {
       if (pred(i))
         wait_ge<Scope::kGpu>(ctl.flag(f, i), ctl.e, p().timeout_ns, {"moe_forward", s().rank, ctl.cta, moe_flag_name(f), i});
     __syncthreads();
-    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceWait, -1);
+    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceWait, moe_wait_tile(f, 0xfffff));
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return bcast(threadIdx.x == 0 ? ctl.test(f, i) : 0) != 0; }
   KOSMOS_DEVICE const int* ends() { return p().hist; }
@@ -121,6 +121,7 @@ struct MoeLocalOps {
   KOSMOS_DEVICE void scatter(int b);
   // The table [ep][E] and the layout in scratch, the layout copied out.
   KOSMOS_DEVICE void build_layout() {
+    const TraceSpan span;
     const int n = s().ep * E(), words = (int)(sizeof(MoeLayout) / sizeof(int));
     MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch + n);
     for (int i = threadIdx.x; i < n; i += blockDim.x) scratch[i] = p().ctrl->table[i];
@@ -129,6 +130,7 @@ struct MoeLocalOps {
     __syncthreads();
     int* to = reinterpret_cast<int*>(&p().ctrl->layout);
     for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = scratch[n + i];
+    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, 2 * moe_blocks(s()));
   }
   KOSMOS_DEVICE void push_part(const MoeMove& m);
   // EP = 1: every unit is our own (its rows stay in the arena), so the
@@ -224,9 +226,10 @@ KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
     }
     const float* y0 = p().y0 != nullptr ? p().y0 + (size_t)tok * H : nullptr;
     bf16_t* y = p().y + (size_t)tok * H;
-    if (k >= 4) moe_fold_row<1>(p().y_rows, y0, y, H, k, row, wt, lane);
-    else if (k >= 2) moe_fold_row<2>(p().y_rows, y0, y, H, k, row, wt, lane);
-    else moe_fold_row<4>(p().y_rows, y0, y, H, k, row, wt, lane);
+    // Two vectors per lane at most: four (32 fp32 sums, 8 vectors in flight) spill at
+    // the kernel's 168 registers.
+    if (k >= kFoldDepth) moe_fold_row<1>(p().y_rows, y0, y, H, k, row, wt, lane);
+    else moe_fold_row<2>(p().y_rows, y0, y, H, k, row, wt, lane);
   }
   __syncthreads();
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceReduce, item);

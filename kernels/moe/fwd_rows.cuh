@@ -43,7 +43,7 @@ KOSMOS_DEVICE void moe_copy_row(const uint4* from, uint4* to, int vecs, int lane
 // holds slot j's row (`row`) and weight (`wt`); kJ = kFoldDepth / kV slots'
 // loads are in flight at once, so kFoldDepth vectors per lane whatever k (more
 // spills: the kernel runs at the Hopper engine's 168 registers).
-constexpr int kFoldDepth = 4;
+constexpr int kFoldDepth = 8;
 template <int kV>
 KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
                                  int v0, int vecs) {

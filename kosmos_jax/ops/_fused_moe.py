@@ -159,6 +159,19 @@ def launch_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bool, c
   return y, y_rows, pair_row
 
 
+def xla_part(x, router_w, shared_gate_up=None, shared_down=None, bias=None, *, config: MoEConfig, axis_name):
+  """What the fused forward still runs as XLA ops around its launch: the routing, the aux
+  loss and the shared expert: (routing, aux, shared pre-activations, shared fp32 output),
+  the last two None without a shared expert. benchmarks/moe.py times it alone (arm
+  xla_part), so the cost of not fusing them is measured."""
+  routing = rt.route(x, router_w, config, bias)
+  aux = rt.aux_loss(routing, config, axis_name)
+  hs = ys = None
+  if shared_gate_up is not None:
+    hs, ys = ref.shared_forward(x, ref._flat(shared_gate_up), shared_down)
+  return routing, aux, hs, ys
+
+
 def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
                       config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch()):
   """ops.moe_forward in one launch at EP = 1 (operands validated by ops.moe_forward):
@@ -166,13 +179,10 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   them, the residuals without dispatched rows (xr = h1 = None)."""
   op = "moe_forward"
   check_fused(op, x, config, int(_compat.axis_size(axis_name)))
-  routing = rt.route(x, router_w, config, bias)
-  aux = rt.aux_loss(routing, config, axis_name)
+  routing, aux, hs, ys = xla_part(x, router_w, shared_gate_up, shared_down, bias, config=config,
+                                  axis_name=axis_name)
   layout = ref.plan(routing.indices, num_experts=config.num_experts, capacity=config.capacity(x.shape[0]),
                     axis_name=axis_name)
-  hs = ys = None
-  if shared_gate_up is not None:
-    hs, ys = ref.shared_forward(x, ref._flat(shared_gate_up), shared_down)
   output_gated = config.gating == "output"
   y, y_rows, pair_row = launch_kernel(x, routing.indices, routing.weights, ref._flat(gate_up), down, ys,
                                       input_gating=not output_gated, cu_cap=cu_cap, launch=launch)
