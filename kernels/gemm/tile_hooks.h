@@ -9,7 +9,9 @@
 // TMA descriptor or a pointer) and in the Hopper epilogue's extra hooks,
 // which the portable engine refuses at compile time. An op whose epilogue does
 // more than store the tile brings it as the Hopper engine's staging type
-// (gemm/sm90/staging.cuh; GEMM+RS's fold, tp/rs_fold_sm90.cuh), not as hooks.
+// (gemm/sm90/staging.cuh; GEMM+RS's fold, tp/rs_fold_sm90.cuh), not as hooks;
+// on the portable engine it runs the engine's mainloop and stores the
+// accumulators itself (the MoE GEMM1's SwiGLU, moe/fwd_portable.cuh).
 //
 //  before_tile(t)      the claiming thread, before the first load of tile t
 //                      (portable: a CTA barrier then orders every thread's
@@ -59,15 +61,18 @@
 //                      x @ W[e]: [E * K, N]), its TMA descriptor spans them all, and tile
 //                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
 //                      portable engine refuses it at compile time.
-//  b_halves(t, &lo, &hi)  (Hopper engine, when kSplitB) the producer thread,
-//                      before tile t's loads: B's kBN rows of tile t come as two
-//                      halves from two row blocks of B, half-blocks lo and hi (in
-//                      units of kBN / 2 rows) into the tile's rows [0, kBN / 2)
-//                      and [kBN / 2, kBN), read through the returned descriptor
+//  b_halves(t, &lo, &hi)  (when kSplitB) before tile t's loads: B's kBN rows of
+//                      tile t come as two halves from two row blocks of B,
+//                      half-blocks lo and hi (in units of kBN / 2 rows) into the
+//                      tile's rows [0, kBN / 2) and [kBN / 2, kBN). Hopper: the
+//                      producer thread, read through the returned descriptor
 //                      (sm90::Params<Cfg>::TmaBHalf, a half-height box over B,
-//                      in parameter space). With kGroupedB, from b_kblock0 on.
-//                      The MoE GEMM1 pairs each gate block with its up block
-//                      this way, so one accumulator holds both (moe/swiglu_sm90.cuh).
+//                      in parameter space); with kGroupedB, from b_kblock0 on.
+//                      Portable: every thread (a pure function of t), the
+//                      returned pointer is that B's elements in the Problem's B
+//                      major, N and K. The MoE GEMM1 pairs each gate block with
+//                      its up block this way, so one accumulator holds both
+//                      (moe/swiglu_sm90.cuh, moe/fwd_portable.cuh).
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,

@@ -12,8 +12,11 @@
 // f16 and fp32 too), all arithmetic is fp32 FMA in ascending k, whatever the
 // hooks, so a fused kernel's tiles have the bits of the plain GEMM's.
 // Hooks it honours: before_tile, before_k, tile_done (kTileDone), row_ptr
-// (kMapsRows) and a_source (kSplitA); the Hopper engine's store-box, trace and
-// grouped-B hooks have no meaning here and are refused at compile time.
+// (kMapsRows), a_source (kSplitA) and b_halves (kSplitB); the Hopper engine's
+// store-box, trace and grouped-B hooks have no meaning here and are refused at
+// compile time. An op whose epilogue does more than store the tile (the MoE
+// GEMM1's SwiGLU, moe/fwd_portable.cuh) runs mainloop() and stores the
+// accumulators itself, by acc_row / acc_col, as Hopper ops bring a staging type.
 #pragma once
 #include <cstddef>
 
@@ -45,11 +48,16 @@ struct TileEngine {
   static constexpr int kBM = portable::kBM, kBN = portable::kBN, kBK = portable::kBK;
   static constexpr int kThreads = portable::kThreads;
   static constexpr int kSub = 8;  // each thread owns a kSub x kSub strided sub-block
+  static_assert(kThreads == 256 && kBM == 16 * kSub && kBN == 16 * kSub, "16 x 16 threads, kSub x kSub each");
   static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
   using Smem = EngineSmem;
+  // A thread's accumulators: v[i][j] is the tile's row acc_row(i), column
+  // acc_col(j), so column j + kSub / 2 is column j's plus kBN / 2.
   struct Acc {
     float v[kSub][kSub];
   };
+  static KOSMOS_DEVICE int acc_row(int i) { return (int)(threadIdx.x / 16) + 16 * i; }
+  static KOSMOS_DEVICE int acc_col(int j) { return (int)(threadIdx.x % 16) + 16 * j; }
 
   // Tile t's A operand: `rows` rows, t's rows starting at tile row m of it.
   struct ASrc {
@@ -71,26 +79,41 @@ struct TileEngine {
     }
   }
 
-  // Stages one (kTile x kBK) operand block in smem; thread order follows the
-  // contiguous index so global loads coalesce in either major.
-  template <gemm::Major Mj, int kTile, bool kCg>
-  static KOSMOS_DEVICE void stage(const InT* p, int rows, int K, int r0, int k0, float (*dst)[kTile]) {
+  // Stages one (kTile x kBK) operand block in smem, tile row r from operand row
+  // row_of(r); thread order follows the contiguous index so global loads
+  // coalesce in either major.
+  template <gemm::Major Mj, int kTile, bool kCg, class RowOf>
+  static KOSMOS_DEVICE void stage(const InT* p, int rows, int K, RowOf row_of, int k0, float (*dst)[kTile]) {
     for (int idx = threadIdx.x; idx < kTile * kBK; idx += kThreads) {
       const int r = Mj == gemm::Major::K ? idx / kBK : idx % kTile;
       const int k = Mj == gemm::Major::K ? idx % kBK : idx / kTile;
-      dst[k][r] = load<Mj, kCg>(p, rows, K, r0 + r, k0 + k);
+      dst[k][r] = load<Mj, kCg>(p, rows, K, row_of(r), k0 + k);
+    }
+  }
+
+  // Tile t's B: the Problem's B, its rows t.n * kBN on; or (kSplitB) the B the
+  // hooks name, its half-block lo (kBN / 2 rows) in the tile's first half and
+  // half-block hi in the second (a pure function of t, so every thread asks).
+  template <class Hooks>
+  static KOSMOS_DEVICE void stage_b(const gemm::Problem& p, gemm::TileCoord t, int k0, Smem& s, const Hooks& h) {
+    if constexpr (gemm::splits_b_v<Hooks>) {
+      int lo = 0, hi = 0;
+      const InT* b = h.b_halves(t, &lo, &hi);
+      const int first = lo * (kBN / 2), second = hi * (kBN / 2) - kBN / 2;
+      stage<kMajorB, kBN, false>(b, p.N, p.K, [=](int r) { return (r < kBN / 2 ? first : second) + r; }, k0, s.b);
+    } else {
+      stage<kMajorB, kBN, false>(static_cast<const InT*>(p.b), p.N, p.K, [&](int r) { return t.n * kBN + r; }, k0, s.b);
     }
   }
 
   static KOSMOS_DEVICE void mma_kblock(const Smem& s, Acc& acc) {
-    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
     for (int kk = 0; kk < kBK; ++kk) {
       float a[kSub], b[kSub];
 #pragma unroll
-      for (int i = 0; i < kSub; ++i) a[i] = s.a[kk][ty + 16 * i];
+      for (int i = 0; i < kSub; ++i) a[i] = s.a[kk][acc_row(i)];
 #pragma unroll
-      for (int j = 0; j < kSub; ++j) b[j] = s.b[kk][tx + 16 * j];
+      for (int j = 0; j < kSub; ++j) b[j] = s.b[kk][acc_col(j)];
 #pragma unroll
       for (int i = 0; i < kSub; ++i)
 #pragma unroll
@@ -114,7 +137,7 @@ struct TileEngine {
   // the row). Columns past N are skipped either way.
   template <class Hooks>
   static KOSMOS_DEVICE void store(const gemm::Problem& p, const Acc& acc, gemm::TileCoord t, const Hooks& h) {
-    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    const int ty = acc_row(0), tx = acc_col(0);  // acc_row(i) = ty + 16 i, acc_col(j) = tx + 16 j
     OutT* C = static_cast<OutT*>(p.c);
 #pragma unroll
     for (int i = 0; i < kSub; ++i) {
@@ -135,15 +158,16 @@ struct TileEngine {
     }
   }
 
-  // CTA-wide: compute and store output tile t. Thread 0 has already run
-  // hooks.before_tile(t); before_k runs on thread 0 ahead of each k-block.
-  // A named by a_source is read L2-only: the fused kernels' movers and peers
-  // write it during the launch (as every other read of moved rows is).
+  // CTA-wide: tile t's accumulators (stored by the caller). Thread 0 has
+  // already run hooks.before_tile(t); before_k runs on thread 0 ahead of each
+  // k-block. A named by a_source is read L2-only: the fused kernels' movers and
+  // peers write it during the launch (as every other read of moved rows is).
   template <class Hooks>
-  static KOSMOS_DEVICE void tile(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
+  static KOSMOS_DEVICE Acc mainloop(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
+    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks> && !gemm::groups_b_v<Hooks>,
+                  "store_box, tile_phase and b_kblock0 are Hopper engine hooks");
     constexpr bool kCgA = gemm::split_a_v<Hooks>;
     const ASrc a = a_of(p, t, h);
-    const auto* B = static_cast<const InT*>(p.b);
     Acc acc;
 #pragma unroll
     for (int i = 0; i < kSub; ++i)
@@ -152,11 +176,18 @@ struct TileEngine {
     for (int k0 = 0; k0 < p.K; k0 += kBK) {
       if (threadIdx.x == 0) h.before_k(t, k0);
       __syncthreads();  // before_k's acquire, and the previous k-block's reads, precede the overwrite
-      stage<kMajorA, kBM, kCgA>(a.a, a.rows, p.K, a.m * kBM, k0, s.a);
-      stage<kMajorB, kBN, false>(B, p.N, p.K, t.n * kBN, k0, s.b);
+      stage<kMajorA, kBM, kCgA>(a.a, a.rows, p.K, [&](int r) { return a.m * kBM + r; }, k0, s.a);
+      stage_b(p, t, k0, s, h);
       __syncthreads();
       mma_kblock(s, acc);
     }
+    return acc;
+  }
+
+  // CTA-wide: compute and store output tile t (mainloop, then store).
+  template <class Hooks>
+  static KOSMOS_DEVICE void tile(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
+    const Acc acc = mainloop(p, t, s, h);
     store(p, acc, t, h);
     if constexpr (Hooks::kTileDone) {
       __syncthreads();  // every thread's stores of the tile precede thread 0's release in tile_done
@@ -168,8 +199,6 @@ struct TileEngine {
   // fused kernels' CTA-wide roles follow).
   template <class Sched, class Hooks>
   static KOSMOS_DEVICE void run(const gemm::Problem& p, Smem& s, Sched& sched, Hooks& h) {
-    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks> && !gemm::groups_b_v<Hooks>,
-                  "store_box, tile_phase and b_kblock0 are Hopper engine hooks");
     for (;;) {
       if (threadIdx.x == 0) {
         gemm::TileCoord t{0, 0};
