@@ -22,7 +22,10 @@ namespace kosmos::moe {
 // (benchmarks/moe.py --timeline names them; i = 0xfffff: every flag it needs).
 KOSMOS_HD inline int moe_wait_tile(MoeFlag f, int i) { return (int)f << 20 | (i & 0xfffff); }
 
-constexpr int kMoeThreads = 384;  // the Hopper engine's CTA: every CTA-wide step uses all of them
+// The Hopper engine's CTA, the largest the CTA-wide ops run in (the portable
+// engine's is 256): they stride by blockDim.x, and the scatter's cursors per
+// warp and expert in scratch are sized for this many warps.
+constexpr int kMoeThreads = 384;
 
 struct MoeCtrl {
   uint64_t epoch;                          // last epoch completed (0 after the launcher's memset)

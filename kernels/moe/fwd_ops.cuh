@@ -1,9 +1,16 @@
 // The MoE forward megakernel's device operations at EP = 1 (one rank, no
 // peers): the CTA-wide work that moe_fwd_cta (moe/fwd_sched.h) asks of its
-// Ops, on any CUDA GPU, over the control words of moe/fwd_ctl.cuh. The GEMM tiles are the
-// engine's (moe/fwd_sm90.cuh adds build()). Routing runs before the launch
-// (the router GEMM and top-k as XLA ops), so the front's route item is the plan
-// histogram of its block.
+// Ops, over the control words of moe/fwd_ctl.cuh, single-source CUDA/HIP for
+// any CTA of up to kMoeThreads (every step strides by blockDim.x). The GEMM
+// tiles are the engine's (build(): moe/fwd_sm90.cuh, moe/fwd_portable.cuh).
+// Routing runs before the launch (the router GEMM and top-k as XLA ops), so
+// the front's route item is the plan histogram of its block.
+//
+// Lanes: every per-warp step (the scatter's ranking, the row copies and the
+// fold of moe/fwd_rows.cuh) works on groups of 32 lanes (kosmos/platform.h
+// lanes32_*): a CUDA warp, or half an AMD wavefront. So `lane = threadIdx.x %
+// 32`, `warp = threadIdx.x / 32` and 32-wide strides mean the same on both, and
+// a fold group holds one token's k <= 32 rows.
 //
 // Workspace (moe/fwd_ws.h): the control block MoeCtrl and the per-row-block
 // words are zeroed by the launcher before every launch (the buffer is XLA's,
@@ -140,12 +147,14 @@ struct MoeLocalOps {
 };
 
 // Block b's pairs in token-major order take the next rows of their experts
-// (plan_scatter). Each warp takes a contiguous chunk of the pairs; its cursor
-// per expert is the block's start plus the chunk counts of the warps before it
-// (a scan over warps in scratch), and inside the chunk a warp ranks 32 pairs at
-// a time: a pair's row is the cursor plus the lanes below it with the same
-// expert. So the rows are the serial loop's, in a few rounds instead of B*k/32.
-// The advanced cursors become the block's ends.
+// (plan_scatter). Each warp (32-lane group) takes a contiguous chunk of the
+// pairs; its cursor per expert is the block's start plus the chunk counts of
+// the warps before it (a scan over warps in scratch), and inside the chunk a
+// warp ranks 32 pairs at a time: a pair's row is the cursor plus the lanes
+// below it with the same expert. So the rows are the serial loop's, in a few
+// rounds instead of B*k/32. A round's leader (lowest lane of an expert)
+// advances the cursor only after every lane read it, and the next round reads
+// it only after that (lanes32_sync). The advanced cursors become the block's ends.
 KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
   static_assert(kMoeThreads / 32 * kMaxExperts <= kMoeScratchInts, "a cursor per warp and expert fits scratch");
   const TraceSpan span;
@@ -174,12 +183,12 @@ KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
     const int q = base + lane;
     const bool valid = q < hi;
     const int e = valid ? p().indices[q] : -1;
-    const unsigned same = __match_any_sync(kFullWarp, e);
+    const unsigned same = lanes32_match(e);
     const int below = __popc(same & ((1u << lane) - 1u));
     const int row = valid ? cur[e] + below : 0;
-    __syncwarp();
+    lanes32_sync();
     if (valid && below == 0) cur[e] += __popc(same);
-    __syncwarp();
+    lanes32_sync();
     if (valid) {
       p().pair_row[q] = row;
       p().order[p().ctrl->start1[e] + row] = q;

@@ -1,6 +1,6 @@
-// The MoE forward's row traffic at EP = 1, one warp per row or token: the
-// dispatch gather (a token row into its arena row) and the fold (a token's k
-// expert rows into its output row). Both are bandwidth work on HBM, so each
+// The MoE forward's row traffic at EP = 1, one warp (32-lane group,
+// kosmos/platform.h) per row or token: the dispatch gather (a token row into
+// its arena row) and the fold (a token's k expert rows into its output row). Both are bandwidth work on HBM, so each
 // lane puts several 16-byte loads in flight before it uses any of them: a loop
 // that loads, then stores or adds, keeps one load per lane in flight and runs
 // at a few GB/s per SM (one load latency per 16 bytes).
@@ -11,8 +11,6 @@
 #include "kosmos/types.h"
 
 namespace kosmos::moe {
-
-constexpr unsigned kFullWarp = 0xffffffffu;
 
 // One row of `vecs` 16-byte vectors (8 bf16 each) copied by one warp, kDepth
 // vectors per lane in flight; with `scale`, each element becomes bf16(w * x)
@@ -55,8 +53,8 @@ KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y,
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
       const int slot = j0 + j < k ? j0 + j : k - 1;  // every lane shuffles: the source lane must take part
-      const int r = __shfl_sync(kFullWarp, row, slot);
-      w[j] = __shfl_sync(kFullWarp, wt, slot);
+      const int r = lanes32_shfl(row, slot);
+      w[j] = lanes32_shfl(wt, slot);
 #pragma unroll
       for (int i = 0; i < kV; ++i)
         if (j0 + j < k && v0 + 32 * i < vecs) u[j][i] = *reinterpret_cast<const uint4*>(rows + (size_t)r * H + (v0 + 32 * i) * 8);
@@ -93,12 +91,15 @@ KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y,
   }
 }
 
-// A token's whole output row, kV vectors per lane step (kV * k >= kFoldDepth where k allows).
+// A token's whole output row, kV vectors per lane step (kV * k >= kFoldDepth
+// where k allows). Whole 32-lane rounds, so every lane takes part in each
+// round's shuffles even where H / 8 is not a multiple of 32 * kV (the rounds'
+// loads and stores skip the vectors past the row).
 template <int kV>
 KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
                                 int lane) {
   const int vecs = H / 8;
-  for (int v0 = lane; v0 < vecs; v0 += 32 * kV) moe_fold_vecs<kV>(rows, y0, y, H, k, row, wt, v0, vecs);
+  for (int base = 0; base < vecs; base += 32 * kV) moe_fold_vecs<kV>(rows, y0, y, H, k, row, wt, base + lane, vecs);
 }
 
 }  // namespace kosmos::moe

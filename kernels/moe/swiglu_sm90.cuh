@@ -5,32 +5,17 @@
 // tile h = silu(gate) * up, two swizzled boxes instead of four. The tile's
 // destination is the hooks' store_box (h [M, I] at column 128 n).
 //
-// The arithmetic is the pure-JAX twin's (reference/moe.py experts_forward):
-// the pre-activations are rounded to bf16 first, as the twin stores h1 and the
-// backward recomputes from it, so forward and backward see the same gate and
-// up; then silu(g) * u in fp32, rounded once.
+// The arithmetic (moe_swiglu, moe/swiglu.h) is the pure-JAX twin's and the
+// portable engine's: gate and up rounded to bf16, then silu(g) * u in fp32,
+// rounded once.
 #pragma once
 #include <type_traits>
 
 #include "gemm/sm90/epilogue.cuh"
 #include "gemm/tile_hooks.h"
+#include "moe/swiglu.h"
 
 namespace kosmos::moe {
-
-// silu(g) * u = g * sigmoid(g) * u of two fp32 pre-activations, each rounded
-// to bf16 first. e^-g by expf, not __expf: its error grows with |g| and would
-// move more bf16 results off the twin's. 1 / (1 + e^-g) by rcp.approx and one
-// Newton step, which is __frcp_rn's fast path (correctly rounded) without its
-// slow-path branch and call (64 a thread a tile): 1 + e^-g is clamped to 2^125,
-// inside that path's range, which changes only g < -86.6 (|silu(g)| < 1e-35).
-CUTE_DEVICE float swiglu(float gate, float up) {
-  const float g = __bfloat162float(__float2bfloat16_rn(gate)), u = __bfloat162float(__float2bfloat16_rn(up));
-  const float d = fminf(1.0f + expf(-g), 0x1p125f);
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  r = fmaf(r, fmaf(-d, r, 1.0f), r);
-  return g * r * u;
-}
 
 template <class Cfg, class OutT, bool kBoxes, class Hooks>
 struct SwigluStaging {
@@ -66,7 +51,7 @@ struct SwigluStaging {
       CUTE_UNROLL
       for (int j = 0; j < 4; ++j) {
         const int i = 8 * q + 2 * j;
-        r[j] = sm90::pack_bf16x2(swiglu(acc(i), acc(i + kUp)), swiglu(acc(i + 1), acc(i + 1 + kUp)));
+        r[j] = sm90::pack_bf16x2(moe_swiglu(acc(i), acc(i + kUp)), moe_swiglu(acc(i + 1), acc(i + 1 + kUp)));
       }
       sm90::stmatrix_x4(sm90::stmatrix_offset<Cfg, true>(lane_at, q), r);
     }

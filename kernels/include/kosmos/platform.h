@@ -212,4 +212,37 @@ KOSMOS_HD inline uint64_t now_ns() {
 [[noreturn]] KOSMOS_HD inline void trap() { std::fflush(stdout); std::abort(); }
 #endif
 
+// ---- groups of 32 lanes ---------------------------------------------------------
+// Steps that rank or broadcast across lanes (the MoE plan's scatter, its fold)
+// run on aligned groups of 32 lanes: a CUDA warp, or either half of an AMD
+// wavefront of 64. Width 32 keeps a half's shuffles inside that half, so code
+// that numbers lanes threadIdx.x % 32 means the same on both; no step uses the
+// upper 32 lanes of a wavefront as lanes of the lower group. Every lane of the
+// group calls these together (converged); masks have bit l for the group's lane l.
+#if defined(KOSMOS_CUDA)
+KOSMOS_DEVICE int lanes32_shfl(int v, int src) { return __shfl_sync(0xffffffffu, v, src, 32); }
+KOSMOS_DEVICE float lanes32_shfl(float v, int src) { return __shfl_sync(0xffffffffu, v, src, 32); }
+// Bit l set where the group's lane l holds the same v (match.any, sm_70 and later).
+KOSMOS_DEVICE unsigned lanes32_match(int v) { return __match_any_sync(0xffffffffu, v); }
+// The group's shared-memory accesses before it happen before those after it.
+KOSMOS_DEVICE void lanes32_sync() { __syncwarp(); }
+#elif defined(KOSMOS_HIP)
+KOSMOS_DEVICE int lanes32_shfl(int v, int src) { return __shfl(v, src, 32); }
+KOSMOS_DEVICE float lanes32_shfl(float v, int src) { return __shfl(v, src, 32); }
+// AMD has no match instruction: one shuffle (ds_bpermute) per lane of the group.
+KOSMOS_DEVICE unsigned lanes32_match(int v) {
+  unsigned same = 0;
+  for (int l = 0; l < 32; ++l) same |= (unsigned)(__shfl(v, l, 32) == v) << l;
+  return same;
+}
+// A wavefront issues its LDS accesses in program order, so only the compiler
+// could reorder them across lanes' steps: wavefront-scope fences around a wave
+// barrier forbid that (ROCm's own __syncwarp, which HIP 5.2 lacks, is this).
+KOSMOS_DEVICE void lanes32_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
+
 }  // namespace kosmos
