@@ -106,12 +106,13 @@ std::string bulk_rs_nt_prepare(int ordinal);
 
 // Test hooks: fused launches per builder engine since the process started, as
 // (engine, count): "sm90" (Hopper builders), "portable". engine_counts reads an
-// op's two counters (launch_fused's runs) in that form.
+// op's two counters (launch_fused's runs, the MoE handler's) in that form.
 std::vector<std::pair<std::string, long long>> engine_counts(const std::atomic<long long>* runs);
 std::vector<std::pair<std::string, long long>> ag_tn_engine_runs();
 std::vector<std::pair<std::string, long long>> ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> tn_rs_engine_runs();
 std::vector<std::pair<std::string, long long>> bulk_rs_nt_engine_runs();
+std::vector<std::pair<std::string, long long>> moe_forward_engine_runs();  // kosmos_moe_forward
 
 }  // namespace kosmos

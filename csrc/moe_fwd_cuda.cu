@@ -1,16 +1,23 @@
 // FFI handlers of the MoE ops (CUDA): kosmos_moe_forward, the forward
-// megakernel at EP = 1 (kernels/moe/fwd_sm90.cuh; routing and the shared
-// expert run in XLA around it, kosmos_jax/ops/_fused_moe.py), and
-// kosmos_grouped_gemm, the expert GEMMs alone (the benchmark's floor). Both
-// run the Hopper engine only: on another GPU or dtype they refuse with an
-// error, never fall back.
+// megakernel at EP = 1 (routing and the shared expert run in XLA around it,
+// kosmos_jax/ops/_fused_moe.py), and kosmos_grouped_gemm, the expert GEMMs
+// alone (the benchmark's floor). The forward runs its Hopper builders
+// (kernels/moe/fwd_sm90.cuh) on compute capability 9.0 and its portable ones
+// (kernels/moe/fwd_portable.cuh) on every other GPU, or everywhere with
+// KOSMOS_FUSED_BUILDERS=portable: one schedule and workspace, each engine's
+// own tile widths; which ran is counted (moe_forward_engine_runs), never
+// assumed. The grouped GEMM is Hopper only and refuses other GPUs.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "handlers.h"
 #include "launch.h"
 #include "moe/fwd_ws.h"
+#include "moe_fwd_portable.h"
 #include "moe_fwd_sm90.h"
 #include "trace_buf.h"
 
@@ -41,18 +48,38 @@ bool shaped(ffi::AnyBuffer::Dimensions d, std::initializer_list<int64_t> want) {
   return true;
 }
 
-// The grid: one CTA per SM, or cu_cap of them; and whether the device runs the Hopper kernels.
-std::string grid_of(const char* op, int ordinal, int64_t cu_cap, int* grid) {
+// The grid (one CTA per SM, or cu_cap of them) and the device's compute capability.
+std::string grid_of(int ordinal, int64_t cu_cap, int* grid, int* cc) {
   int sms = 0, major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
   if (e != cudaSuccess) return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
-  if (major != 9 || minor != 0)
-    return std::string("runs on compute capability 9.0 (H100/H200) only; ordinal ") + std::to_string(ordinal) +
-           " is " + std::to_string(major) + "." + std::to_string(minor) + " (no portable MoE kernel yet)";
   *grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
+  *cc = 10 * major + minor;
   return "";
+}
+
+std::atomic<long long> g_runs[2];  // kosmos_moe_forward launches: [0] Hopper builders, [1] portable
+
+// The Hopper builders on compute capability 9.0 unless KOSMOS_FUSED_BUILDERS=portable.
+bool hopper_builders(int cc) { return cc == 90 && !force_portable_builders(); }
+
+// "" when the engine runs this shape, else why not, naming the values.
+std::string engine_refuses(bool sm90, int64_t H, int64_t I, int64_t E, int64_t k) {
+  const std::string why = sm90 ? moe_fwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k)
+                               : moe_fwd_portable_unsupported((int)H, (int)I, (int)E, (int)k);
+  if (why.empty()) return why;
+  return why + " (h=" + std::to_string(H) + ", I=" + std::to_string(I) + ", E=" + std::to_string(E) +
+         ", k=" + std::to_string(k) + "; " + (sm90 ? "Hopper" : "portable") + " builders)";
+}
+
+// The engine's kernel, loaded and checked on `ordinal` (the current device): "" or why not.
+std::string prepare_engine(bool sm90, int ordinal) {
+  if (!sm90) return moe_fwd_portable_prepare(ordinal);
+  std::string why = moe_fwd_sm90_prepare(ordinal);
+  if (why.empty() && !moe_fwd_sm90_ready(ordinal)) why = "the Hopper kernel could not be prepared on this device";
+  return why;
 }
 
 // Movers: the gather of t*k rows runs ahead of GEMM1 with about one CTA in 8
@@ -64,7 +91,68 @@ int moe_movers(int64_t movers, int grid, bool switching) {
   return mv;
 }
 
+// One call's sizes, the engine's column blocks and rows, the grid and the knobs.
+struct MoeCall {
+  int64_t t, H, k, E, I;
+  int R, nt1, nt2, grid;
+  bool input_gating, switching;
+  int64_t movers;
+};
+
+// The launch's parameters over the workspace at `base` (laid out by L): the
+// shape with the engine's column blocks (nt1, nt2), every pointer, the knobs.
+moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, const void* x, const void* indices,
+                             const void* weights, const void* y0, void* y, void* y_rows, void* pair_row) {
+  moe::MoeFwdParams m{};
+  m.s = moe::MoeFwdShape{1, 0, (int)c.t, (int)c.k, moe::kMoeBlockTokens, (int)c.E, moe::kMoeTileRows, c.nt1, c.nt2,
+                         /*groups=*/4, /*capacity=*/(int)c.t};
+  m.H = (int)c.H, m.I = (int)c.I;
+  m.x = static_cast<const bf16_t*>(x);
+  m.indices = static_cast<const int*>(indices);
+  m.weights = static_cast<const float*>(weights);
+  m.y0 = static_cast<const float*>(y0);
+  m.y = static_cast<bf16_t*>(y);
+  m.pair_row = static_cast<int*>(pair_row);
+  m.input_gating = c.input_gating;
+  m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
+  m.rbs = c.R / moe::kMoeTileRows;
+  m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
+  m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
+  m.hist = reinterpret_cast<int*>(base + L.hist);
+  m.order = reinterpret_cast<int*>(base + L.order);
+  m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
+  m.act = reinterpret_cast<bf16_t*>(base + L.act);
+  m.y_rows = static_cast<bf16_t*>(y_rows);
+  m.movers = moe_movers(c.movers, c.grid, c.switching);
+  m.switching = c.switching;
+  m.timeout_ns = timeout_ns();
+  return m;
+}
+
+// The operands' types and shapes (the results' once R is known): "" or what is wrong.
+std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
+                           ffi::AnyBuffer w2, ffi::AnyBuffer y0, int64_t add_y0) {
+  using DT = ffi::DataType;
+  auto xd = x.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
+  if (xd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3)
+    return "need x [t, h], indices [t, k], w1 [E, h, 2I], w2 [E, I, h]; got " + dims(xd) + ", " + dims(id) + ", " +
+           dims(w1d) + ", " + dims(w2d);
+  const int64_t t = xd[0], H = xd[1], k = id[1], E = w1d[0], I = w2d[1];
+  if (x.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
+      indices.element_type() != DT::S32 || weights.element_type() != DT::F32 || y0.element_type() != DT::F32)
+    return "x, w1, w2 must be bf16, indices int32, weights and y0 float32";
+  if (id[0] != t || !shaped(weights.dimensions(), {t, k}) || !shaped(w1d, {E, H, 2 * I}) || !shaped(w2d, {E, I, H}))
+    return "shapes disagree: x " + dims(xd) + ", indices " + dims(id) + ", weights " + dims(weights.dimensions()) +
+           ", w1 " + dims(w1d) + ", w2 " + dims(w2d);
+  if (add_y0 && !shaped(y0.dimensions(), {t, H}))
+    return "y0 " + dims(y0.dimensions()) + " must be [t, h] = [" + std::to_string(t) + ", " + std::to_string(H) + "]";
+  if (t < 1 || t > (1 << 24)) return "t=" + std::to_string(t) + " must be in [1, 2^24]";
+  return "";
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, long long>> kosmos::moe_forward_engine_runs() { return engine_counts(g_runs); }
 
 static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer indices,
                                  ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer y0,
@@ -73,40 +161,29 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  int64_t input_gating, int64_t add_y0, int64_t cu_cap, int64_t movers,
                                  int64_t switching) {
   const char* op = "kosmos_moe_forward";
-  using DT = ffi::DataType;
-  auto xd = x.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
-  if (xd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3)
-    return Fail(op, "need x [t, h], indices [t, k], w1 [E, h, 2I], w2 [E, I, h]; got " + dims(xd) + ", " + dims(id) +
-                        ", " + dims(w1d) + ", " + dims(w2d));
-  const int64_t t = xd[0], H = xd[1], k = id[1], E = w1d[0], I = w2d[1];
-  if (x.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
-      indices.element_type() != DT::S32 || weights.element_type() != DT::F32 || y0.element_type() != DT::F32)
-    return Fail(op, "x, w1, w2 must be bf16, indices int32, weights and y0 float32");
-  if (id[0] != t || !shaped(weights.dimensions(), {t, k}) || !shaped(w1d, {E, H, 2 * I}) || !shaped(w2d, {E, I, H}))
-    return Fail(op, "shapes disagree: x " + dims(xd) + ", indices " + dims(id) + ", weights " +
-                        dims(weights.dimensions()) + ", w1 " + dims(w1d) + ", w2 " + dims(w2d));
-  if (add_y0 && !shaped(y0.dimensions(), {t, H}))
-    return Fail(op, "y0 " + dims(y0.dimensions()) + " must be [t, h] = [" + std::to_string(t) + ", " + std::to_string(H) + "]");
-  if (t < 1 || t > (1 << 24)) return Fail(op, "t=" + std::to_string(t) + " must be in [1, 2^24]");
-  if (std::string why = moe_fwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k); !why.empty())
-    return Fail(op, why + " (h=" + std::to_string(H) + ", I=" + std::to_string(I) + ", E=" + std::to_string(E) +
-                        ", k=" + std::to_string(k) + ")");
-  const int R = moe::moe_ep1_rows((int)t, (int)k, (int)E);
-  const moe::MoeWs L = moe::moe_ws_layout((int)t, (int)k, (int)E, (int)H, (int)I);
-  if (!shaped(y->dimensions(), {t, H}) || !shaped(y_rows->dimensions(), {R, H}) || !shaped(pair_row->dimensions(), {t, k}))
-    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(R) + ", h], pair_row [t, k]");
+  if (std::string why = check_operands(x, indices, weights, w1, w2, y0, add_y0); !why.empty()) return Fail(op, why);
+  MoeCall c{x.dimensions()[0], x.dimensions()[1], indices.dimensions()[1], w1.dimensions()[0], w2.dimensions()[1]};
+  c.input_gating = input_gating != 0, c.switching = switching != 0, c.movers = movers;
+  int cc = 0;
+  if (std::string why = grid_of(ordinal, cu_cap, &c.grid, &cc); !why.empty()) return Fail(op, why);
+  const bool sm90 = hopper_builders(cc);
+  if (std::string why = engine_refuses(sm90, c.H, c.I, c.E, c.k); !why.empty()) return Fail(op, why);
+  if (sm90) moe_fwd_sm90_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
+  else moe_fwd_portable_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
+  c.R = moe::moe_ep1_rows((int)c.t, (int)c.k, (int)c.E);
+  const moe::MoeWs L = moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.E, (int)c.H, (int)c.I);
+  if (!shaped(y->dimensions(), {c.t, c.H}) || !shaped(y_rows->dimensions(), {c.R, c.H}) ||
+      !shaped(pair_row->dimensions(), {c.t, c.k}))
+    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(c.R) + ", h], pair_row [t, k]");
   if (ws->size_bytes() < L.total)
     return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
                         std::to_string(L.total) + " (kosmos_jax.ops._fused_moe.workspace_bytes)");
-  int grid = 0;
-  if (std::string why = grid_of(op, ordinal, cu_cap, &grid); !why.empty()) return Fail(op, why);
-  if (!switching && grid < 2)
-    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
+  if (!c.switching && c.grid < 2)
+    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(c.grid));
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != ordinal) cudaSetDevice(ordinal);
-  std::string err = moe_fwd_sm90_prepare(ordinal);
-  if (err.empty() && !moe_fwd_sm90_ready(ordinal)) err = "the Hopper kernel could not be prepared on this device";
+  const std::string err = prepare_engine(sm90, ordinal);
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = err.empty() ? cudaMemsetAsync(base, 0, L.zeroed, stream) : cudaSuccess;
   if (e == cudaSuccess && err.empty() && poison_output()) {
@@ -115,32 +192,13 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
     if (e == cudaSuccess) e = cudaMemsetAsync(pair_row->untyped_data(), 0xFF, pair_row->size_bytes(), stream);
   }
   if (e == cudaSuccess && err.empty()) {
-    moe::MoeFwdParams m{};
-    const int nt1 = (int)(I / 128), nt2 = (int)((H + 255) / 256);
-    m.s = moe::MoeFwdShape{1, 0, (int)t, (int)k, moe::kMoeBlockTokens, (int)E, moe::kMoeTileRows, nt1, nt2,
-                           /*groups=*/4, /*capacity=*/(int)t};
-    m.H = (int)H, m.I = (int)I;
-    m.x = static_cast<const bf16_t*>(x.untyped_data());
-    m.indices = static_cast<const int*>(indices.untyped_data());
-    m.weights = static_cast<const float*>(weights.untyped_data());
-    m.y0 = add_y0 ? static_cast<const float*>(y0.untyped_data()) : nullptr;
-    m.y = static_cast<bf16_t*>(y->untyped_data());
-    m.pair_row = static_cast<int*>(pair_row->untyped_data());
-    m.input_gating = input_gating != 0;
-    m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
-    m.rbs = R / moe::kMoeTileRows;
-    m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
-    m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
-    m.hist = reinterpret_cast<int*>(base + L.hist);
-    m.order = reinterpret_cast<int*>(base + L.order);
-    m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
-    m.act = reinterpret_cast<bf16_t*>(base + L.act);
-    m.y_rows = static_cast<bf16_t*>(y_rows->untyped_data());
-    m.movers = moe_movers(movers, grid, switching != 0);
-    m.switching = switching != 0;
-    m.timeout_ns = timeout_ns();
+    moe::MoeFwdParams m = moe_params(c, L, base, x.untyped_data(), indices.untyped_data(), weights.untyped_data(),
+                                     add_y0 ? y0.untyped_data() : nullptr, y->untyped_data(), y_rows->untyped_data(),
+                                     pair_row->untyped_data());
     m.trace = trace_buf(ordinal, 0);
-    e = moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), grid, stream);
+    e = sm90 ? moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), c.grid, stream)
+             : moe_fwd_portable_launch(m, w1.untyped_data(), w2.untyped_data(), c.grid, ordinal, stream);
+    if (e == cudaSuccess) ++g_runs[sm90 ? 0 : 1];  // counted once the launch is accepted
   }
   if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
@@ -162,8 +220,11 @@ static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
     return Fail(op, "M=" + std::to_string(M) + " must be 128 * len(tile_expert)=" + std::to_string(td[0]) +
                         " and c [M, N]; got c " + dims(c->dimensions()));
   if (std::string why = grouped_gemm_sm90_unsupported((int)M, (int)N, (int)K, (int)E); !why.empty()) return Fail(op, why);
-  int grid = 0;
-  if (std::string why = grid_of(op, ordinal, 0, &grid); !why.empty()) return Fail(op, why);
+  int grid = 0, cc = 0;
+  if (std::string why = grid_of(ordinal, 0, &grid, &cc); !why.empty()) return Fail(op, why);
+  if (cc != 90)
+    return Fail(op, "runs on compute capability 9.0 (H100/H200) only (the Hopper engine; a benchmark facility); "
+                    "ordinal " + std::to_string(ordinal) + " is " + std::to_string(cc / 10) + "." + std::to_string(cc % 10));
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != ordinal) cudaSetDevice(ordinal);

@@ -26,6 +26,12 @@ bool moe_fwd_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }
 
 std::string moe_fwd_sm90_unsupported(int H, int I, int E, int k) { return moe::moe_fwd_sm90_unsupported(H, I, E, k); }
 
+// A GEMM1 tile is kBN / 2 gate and as many up columns, a GEMM2 tile kBN of H.
+void moe_fwd_sm90_columns(int H, int I, int* nt1, int* nt2) {
+  *nt1 = I / (MoeCfg::kBN / 2);
+  *nt2 = (H + MoeCfg::kBN - 1) / MoeCfg::kBN;
+}
+
 cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid,
                                 cudaStream_t stream) {
   return moe::moe_fwd_sm90_launch<MoeCfg>(m, w1, w2, grid, stream);

@@ -17,6 +17,8 @@ std::string moe_fwd_sm90_prepare(int ordinal);
 bool moe_fwd_sm90_ready(int ordinal);
 // "" when the Hopper megakernel runs this shape, else why not.
 std::string moe_fwd_sm90_unsupported(int H, int I, int E, int k);
+// Column blocks per row block of GEMM1 (of I) and GEMM2 (of H): MoeFwdShape's nt1, nt2.
+void moe_fwd_sm90_columns(int H, int I, int* nt1, int* nt2);
 // The megakernel over m (workspace zeroed as moe_ws_layout says), `grid` CTAs.
 cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid,
                                 cudaStream_t stream);

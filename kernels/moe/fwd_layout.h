@@ -36,7 +36,7 @@ struct MoeFwdShape {
   int block_tokens;  // B: tokens per route, plan and fold block
   int e_local;       // E_l: experts per rank
   int tile_m;        // rows per GEMM row block; expert segments are padded to it
-  int nt1, nt2;      // column blocks of GEMM1 (SwiGLU pairs of 2I) and GEMM2 (of H)
+  int nt1, nt2;      // column blocks of GEMM1 (SwiGLU pairs of 2I) and GEMM2 (of H), per tile engine
   int groups;        // G: dispatch parts per (source, expert), whole plan blocks each
   int capacity;      // C: rows per (source, expert) of the capped arena
 };

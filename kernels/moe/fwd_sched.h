@@ -138,7 +138,8 @@ KOSMOS_MOE_INLINE void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
 // engine pipelines the three (its producer thread claims ahead and waits, its
 // publisher thread completes a tile once its stores have landed), so `Ops` here
 // is the one-thread view of the control words; moe_build_serial runs them in
-// order, as the emulators and the compile check do.
+// order over CTA-wide Ops, as the portable kernel (moe/fwd_portable.cuh), the
+// emulators and the compile check do.
 template <class Ops>
 struct MoeBuilds {
   Ops& ops;
