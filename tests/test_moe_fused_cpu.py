@@ -126,11 +126,27 @@ def test_ep_above_one_is_not_implemented(no_gpu_needed):
     (dict(expert_intermediate=96), r"expert_intermediate=96 a multiple of 128"),
     (dict(hidden=48), r"hidden=48 must be a multiple of 64"),
     (dict(num_experts=520, top_k=2), r"num_experts=520 at most 512"),
-], ids=["dtype", "intermediate", "hidden", "experts"])
+    (dict(num_experts=64, top_k=33), r"top_k=33 must be at most 32"),
+], ids=["dtype", "intermediate", "hidden", "experts", "top_k"])
 def test_kernel_limits_raise_before_lowering(no_gpu_needed, change, match):
   dtype = change.pop("dtype", BF16)
   with pytest.raises(ValueError, match=match):
     _abstract_call(SOFTMAX.replace(**change), 1, dtype)
+
+
+def test_any_gpu_generation_traces_fused(no_gpu_needed, monkeypatch):
+  """No compute-capability gate before lowering: the kernel has portable builders
+  beside the Hopper ones (the handler picks per device), so a host of other GPUs
+  traces the fused forward as a Hopper host does."""
+  class _Gpu:
+    platform = "gpu"
+
+    def __init__(self, cc):
+      self.compute_capability = cc
+
+  monkeypatch.setattr(jax, "local_devices", lambda *a, **k: [_Gpu("8.0"), _Gpu("12.0"), _Gpu("9.0")])
+  out = _abstract_call(SOFTMAX, 1)
+  assert out[0].shape == (T, SOFTMAX.hidden)
 
 
 def test_reference_path_takes_no_kernel_limits():

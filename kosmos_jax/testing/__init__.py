@@ -4,7 +4,7 @@ call as a concurrent launch on one GPU, and the hooks below, so that tests and
 scripts reach the fused kernels through the public ops and never import a private
 module of `kosmos_jax.ops`.
 
-  builder_runs()   fused TP+SP launches per builder engine (which engine ran)
+  builder_runs()   fused TP+SP and MoE forward launches per builder engine (which ran)
   engine_runs()    fused matmul launches per tile engine
   matmul_flops()   2*M*N*K of one ops.matmul call
   fused_ops()      the ops with a fused kernel registered
@@ -30,6 +30,8 @@ from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_moe, _
 from kosmos_jax.testing import grouped_gemm  # noqa: F401  (kosmos_jax.testing.grouped_gemm)
 
 TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
+# The fused ops whose handlers count their launches per builder engine (sm90, portable).
+BUILDER_OPS = TP_OPS + ("moe_forward",)
 # The module attribute holding each fused op's primitive (what fused_on_cpu can stand in for).
 _PRIMITIVES = {"ag_tn": (_fused_tp, "ag_tn_p"), "tn_rs": (_fused_tp, "tn_rs_p"),
                "ag_nn": (_fused_tp, "ag_nn_p"), "bulk_ag_nn": (_fused_tp, "bulk_ag_nn_p"),
@@ -59,12 +61,13 @@ def moe_forward_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bo
 
 def builder_runs() -> dict[str, dict[str, int]]:
   """Fused launches per builder engine since the process started,
-  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}, ...} for every fused TP+SP
-  op compiled into the extension (the extension's `<op>_engine_runs` counters)."""
+  {'ag_tn': {'sm90': n, 'portable': n}, 'tn_rs': {...}, ..., 'moe_forward': {...}} for
+  every fused TP+SP op and the MoE forward compiled into the extension (the
+  extension's `<op>_engine_runs` counters)."""
   mod, why = _ext._module()
   if mod is None or not hasattr(mod, "ag_tn_engine_runs"):
     raise NotImplementedError(f"fused builder counters unavailable: {why or 'extension built without CUDA'}")
-  return {op: dict(getattr(mod, f"{op}_engine_runs")()) for op in TP_OPS if hasattr(mod, f"{op}_engine_runs")}
+  return {op: dict(getattr(mod, f"{op}_engine_runs")()) for op in BUILDER_OPS if hasattr(mod, f"{op}_engine_runs")}
 
 
 def engine_runs() -> dict[str, int]:

@@ -8,12 +8,22 @@ calls with changing routing, a grid of one CTA and a CU cap, bitwise determinism
 skewed routing (never a dropped token), the launch knobs (same bits), and jax.grad of
 the layer under impl="fused" (forward fused, backward the twin's).
 
+Engines: the module runs the Hopper builders on a compute-capability-9.0 GPU and the
+portable builders on any other (or under KOSMOS_FUSED_BUILDERS=portable), and checks
+that the launches were counted for that engine; on a Hopper GPU one more test runs
+the portable builders in a child process (the variable is read once per process) on
+the same small shapes.
+
 Outputs are poisoned before each launch (KOSMOS_POISON_OUTPUT, tests/gpu/conftest.py),
 so an unwritten element shows as NaN, which no comparison passes.
 """
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +35,7 @@ from helpers import assert_close, fresh, put, rel_err
 from kosmos_jax import MoeLaunch, ops
 from kosmos_jax.moe import MoEConfig, moe_layer, route
 from kosmos_jax.reference import moe as ref_moe
-from kosmos_jax.testing import MOE_TILE_ROWS, moe_arena_rows, moe_forward_built, moe_forward_kernel
+from kosmos_jax.testing import MOE_TILE_ROWS, builder_runs, moe_arena_rows, moe_forward_built, moe_forward_kernel
 from moe_oracle import NAMES, SPECS, dense_moe, make_params, to_f32
 
 pytestmark = pytest.mark.skipif(not moe_forward_built(), reason="kosmos_moe_forward is not compiled into this "
@@ -48,14 +58,21 @@ KINDS = {
 }
 
 
-def _mesh():
+def _gpu():
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   if not gpus:
     pytest.skip("no GPU")
-  if gpus[0].compute_capability != "9.0":
-    pytest.skip(f"the fused MoE forward's expert GEMMs need compute capability 9.0, found "
-                f"{gpus[0].compute_capability}")
-  return jax.sharding.Mesh(np.array(gpus[:1]), ("ep",))
+  return gpus[0]
+
+
+def _mesh():
+  return jax.sharding.Mesh(np.array([_gpu()]), ("ep",))
+
+
+def _engine():
+  """The builders this process's launches run (csrc/moe_fwd_cuda.cu's rule)."""
+  portable = os.environ.get("KOSMOS_FUSED_BUILDERS") == "portable" or _gpu().compute_capability != "9.0"
+  return "portable" if portable else "sm90"
 
 
 def _params(cfg, skew=False):
@@ -117,7 +134,7 @@ def _kernel(cfg, cu_cap=None, launch=None):
 
 
 def _launch(cfg, x, p, **kw):
-  _mesh()  # skips off Hopper
+  _gpu()  # skips without a GPU
   return _kernel(cfg, **kw)(x, p["router_w"], p["gate_up"], p["down"], p.get("expert_bias"),
                             p.get("shared_gate_up"), p.get("shared_down"))
 
@@ -170,6 +187,68 @@ def test_matches_twin_and_oracle(kind, t):
   np.testing.assert_allclose(np.asarray(aux), np.asarray(auxr), rtol=1e-5, atol=0)
   yd, _ = dense_moe(jnp.asarray(x, jnp.float32), to_f32(p), cfg)
   assert_close(y, yd, BF16, what=f"{kind} t={t} fused vs dense oracle")
+
+
+def test_counts_the_engine_it_ran():
+  """Every launch is counted for the builders it ran, and only for those."""
+  cfg, t = KINDS["softmax"], 300
+  p, x = _params(cfg), _tokens(cfg, t)
+  before = builder_runs()["moe_forward"]
+  jax.block_until_ready(_launch(cfg, x, p))
+  after = builder_runs()["moe_forward"]
+  ran = {e: after[e] - before[e] for e in after}
+  assert ran == {"sm90": int(_engine() == "sm90"), "portable": int(_engine() == "portable")}, ran
+
+
+# The portable builders on a Hopper GPU: a fresh interpreter under
+# KOSMOS_FUSED_BUILDERS=portable runs this module's checks on its small shapes.
+_PORTABLE_CHILD = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+import jax, jax.numpy as jnp, numpy as np
+import test_moe_fused as T
+from helpers import rel_err
+from kosmos_jax.testing import builder_runs
+out = {'errs': {}, 'bits': {}}
+for kind in sorted(T.KINDS):
+  cfg, t = T.KINDS[kind], 300
+  p, x = T._params(cfg), T._tokens(cfg, t)
+  out['errs'][kind] = [rel_err(T._run(cfg, 'fused', x, p)[0], T._run(cfg, 'reference', x, p)[0])]
+  full, one = T._launch(cfg, x, p), T._launch(cfg, x, p, cu_cap=1)
+  y_rows, pair_row, idx, w = full[1], full[2], full[3], full[4]
+  got = jnp.asarray(y_rows)[jnp.asarray(pair_row)]
+  out['errs'][kind].append(rel_err(got, T._pair_outputs(cfg, x, p, idx, w)))
+  try:
+    T._check_pair_rows(cfg, t, idx, pair_row, stable=True)
+    for name, a, b in zip(('y', 'y_rows', 'pair_row'), full[:3], one[:3]):
+      T._assert_bits(a, b, f'{kind} {name} cu_cap=1 vs full grid', rows=(name == 'y_rows', pair_row))
+    out['bits'][kind] = ''
+  except AssertionError as e:
+    out['bits'][kind] = str(e)
+out['runs'] = builder_runs()['moe_forward']
+print('RESULT', json.dumps(out))
+"""
+
+
+def test_portable_builders_on_hopper():
+  """KOSMOS_FUSED_BUILDERS=portable: the portable builders on a Hopper GPU, every
+  router kind against the twin (y, and y_rows[pair_row] against each pair's expert
+  output), the stable plan, a grid of one CTA with the full grid's bits, and every
+  launch counted as portable."""
+  if _engine() != "sm90":
+    pytest.skip("this process already runs the portable builders in every test of the module")
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, KOSMOS_FUSED_BUILDERS="portable", KOSMOS_POISON_OUTPUT="1")
+  r = subprocess.run([sys.executable, "-c", _PORTABLE_CHILD, json.dumps([here, os.path.dirname(here)])], env=env,
+                     capture_output=True, text=True, timeout=600)
+  lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+  assert r.returncode == 0 and lines, f"child failed (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+  out = json.loads(lines[-1][len("RESULT "):])
+  assert out["runs"] == {"sm90": 0, "portable": 3 * len(KINDS)}, out["runs"]
+  for kind, errs in out["errs"].items():
+    assert all(e <= TWIN_RTOL for e in errs), f"{kind}: portable rel. errors (y, y_rows) {errs} > {TWIN_RTOL:.1e}"
+  bad = {kind: msg for kind, msg in out["bits"].items() if msg}
+  assert not bad, bad
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
