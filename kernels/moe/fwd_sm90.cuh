@@ -14,7 +14,6 @@
 // retire at exit), so a GEMM2 tile never waits on its own CTA's GEMM1 tile.
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
-#include "moe/dispatch_sm90.cuh"
 #include "moe/fwd_ops.cuh"
 #include "moe/swiglu_sm90.cuh"
 
@@ -97,26 +96,6 @@ struct MoeSm90Ops : MoeLocalOps {
   const MoeFwdSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& sm;
   MoePass* pass;
-  MoeBulkBars* bulk;
-
-  // Dispatch part m with bulk copies through the engine's shared memory (its
-  // rings and staging, contiguous: a mover runs no engine while it dispatches),
-  // moe/dispatch_sm90.cuh. Input gating scales each row on its way, which needs
-  // the threads: those parts take the CTA's vector copy (MoeLocalOps).
-  KOSMOS_DEVICE void push_part(const MoeMove& m) {
-    char* buf = reinterpret_cast<char*>(sm.a);
-    const uint32_t half = (uint32_t)(reinterpret_cast<char*>(sm.c + Cfg::kEpiElems) - buf) / 2 / 16 * 16;
-    if (p().input_gating || half < (uint32_t)p().H * 2) return MoeLocalOps::push_part(m);
-    const TraceSpan span;
-    if (threadIdx.x == 0) {
-      const int ex = m.dst * s().e_local + m.x;
-      int begin, end;
-      moe_part_rows(s(), ends(), m, &begin, &end);
-      moe_bulk_rows(p(), p().order + p().ctrl->start1[ex], begin, end, layout().dst[ex], buf, half, bulk);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (m.x * s().groups + m.g) * s().ep + m.dst);
-  }
 
   template <int kGemm>
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
@@ -157,13 +136,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
-  __shared__ MoeBulkBars bulk;
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
-  moe_bulk_init(&bulk);
-  __syncthreads();
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
   // The front's scratch is the engine's A ring: no engine runs during the front.
-  MoeSm90Ops<Cfg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass, &bulk};
+  MoeSm90Ops<Cfg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 

@@ -1,9 +1,8 @@
-// Bulk asynchronous copies (cp.async.bulk, no tensor map), each a contiguous
-// run of bytes, so no descriptor: shared -> global is the Hopper epilogue's way
-// out for tiles whose rows a fused kernel's hooks map one by one (the other
-// tiles leave by TMA store, which uses the same bulk groups: epilogue.cuh);
-// global -> shared, with bulk stores back out, is how the MoE movers copy
-// whole rows (moe/dispatch_sm90.cuh).
+// Bulk asynchronous shared -> global copies (cp.async.bulk, no tensor map):
+// the Hopper epilogue's way out of shared memory for tiles whose rows a fused
+// kernel's hooks map one by one (the other tiles leave by TMA store, which uses
+// the same bulk groups: epilogue.cuh). Each copy is a contiguous run of bytes
+// (one output row of a tile), so it needs no descriptor.
 //
 // Completion is per issuing thread, in bulk groups: only the thread that
 // issued a copy can wait for it. Raw PTX, like barrier.cuh.
@@ -21,15 +20,6 @@ namespace kosmos::sm90 {
 KOSMOS_DEVICE void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem), "r"(smem_u32(smem)),
                "r"(bytes)
-               : "memory");
-}
-
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
-// memory to shared memory through the async proxy; the copy completes its bytes
-// on `bar` (whose phase the issuing thread armed with mbar_arrive_expect_tx).
-KOSMOS_DEVICE void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
 
