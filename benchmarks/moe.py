@@ -75,7 +75,7 @@ import harness  # noqa: E402
 
 from kosmos_jax import MoeLaunch, moe, ops  # noqa: E402
 from kosmos_jax.testing import grouped_gemm as gg  # noqa: E402
-from kosmos_jax.testing import moe_forward_built  # noqa: E402
+from kosmos_jax.testing import moe_forward_built, moe_forward_xla_part  # noqa: E402
 
 BF16 = jnp.bfloat16
 ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part")
@@ -262,11 +262,9 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
 def xla_part_arm(cfg: moe.MoEConfig, names: tuple):
   """What the fused arm runs in XLA around its launch (routing, aux loss, shared expert),
   timed alone: the fused arm's time minus this is the launch's."""
-  from kosmos_jax.ops import _fused_moe
-
   def local(x, *ps):
     p = dict(zip(names, ps))
-    routing, aux, _, ys = _fused_moe.xla_part(x, p["router_w"], p.get("shared_gate_up"), p.get("shared_down"),
+    routing, aux, _, ys = moe_forward_xla_part(x, p["router_w"], p.get("shared_gate_up"), p.get("shared_down"),
                                               p.get("expert_bias"), config=cfg, axis_name="ep")
     return (routing.indices, routing.weights, aux) + ((ys,) if ys is not None else ())
 

@@ -43,8 +43,9 @@ struct MoeCtrl {
   MoeLayout layout;
 };
 static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its workspace section");
-// The front's shared scratch (ints): the exchanged table and a MoeLayout built
-// beside it (the largest use; routing and the scan need 2E + 1).
+// The front's shared scratch (ints). Its largest use is the scatter's cursor
+// per warp and expert (kMoeThreads / 32 * E); the layout takes a MoeLayout and
+// a scan buffer of a CTA's threads, the scan 2E + 1 and that buffer.
 constexpr int kMoeScratchInts = kEpMaxRanks * kMaxExperts + (int)(sizeof(MoeLayout) / sizeof(int));
 
 struct MoeFwdParams {

@@ -33,6 +33,34 @@
 
 namespace kosmos::moe {
 
+// Exclusive prefix sums of v[0, n) (shared memory), in place, by every thread
+// of the CTA; returns the total. tmp: blockDim.x ints of shared memory. Each
+// thread sums a run of v, a Hillis-Steele scan over the runs' sums gives each
+// run's start. Integer sums: the order of adds does not change the result.
+KOSMOS_DEVICE int cta_exclusive_scan(int* v, int n, int* tmp) {
+  const int T = blockDim.x, t = threadIdx.x, per = (n + T - 1) / T;
+  const int lo = t * per < n ? t * per : n, hi = lo + per < n ? lo + per : n;
+  int sum = 0;
+  for (int i = lo; i < hi; ++i) sum += v[i];
+  tmp[t] = sum;
+  __syncthreads();
+  for (int off = 1; off < T; off <<= 1) {
+    const int add = t >= off ? tmp[t - off] : 0;
+    __syncthreads();
+    tmp[t] += add;
+    __syncthreads();
+  }
+  int run = tmp[t] - sum;
+  const int total = tmp[T - 1];
+  for (int i = lo; i < hi; ++i) {
+    const int c = v[i];
+    v[i] = run;
+    run += c;
+  }
+  __syncthreads();
+  return total;
+}
+
 // CTA-wide Ops for moe_fwd_cta: every thread calls every member; thread 0
 // touches the control words and broadcasts through `bc` (static shared memory).
 // `scratch`: dynamic shared memory free outside the engine (kMoeScratchInts).
@@ -112,14 +140,20 @@ struct MoeLocalOps {
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, b);
   }
   // counts[E] then start1[E + 1] in scratch, copied out.
+  // counts[E] then start1[E + 1] in scratch, copied out. The starts are a
+  // CTA-wide scan: one thread walking E counts pays a dependent latency each.
   KOSMOS_DEVICE void scan() {
     const TraceSpan span;
+    const int n = E();
+    int* start = scratch + n;
     plan_scan(p().hist, moe_plan_shape(s()), scratch, threadIdx.x, blockDim.x);
     __syncthreads();
-    if (threadIdx.x == 0) plan_segments<1>(scratch, E(), scratch + E());
+    for (int e = threadIdx.x; e < n; e += blockDim.x) start[e] = scratch[e];
     __syncthreads();
-    for (int e = threadIdx.x; e < E(); e += blockDim.x) p().ctrl->plan_counts[e] = scratch[e];
-    for (int e = threadIdx.x; e <= E(); e += blockDim.x) p().ctrl->start1[e] = scratch[E() + e];
+    const int total = cta_exclusive_scan(start, n, scratch + 2 * n + 1);  // plan_segments<1>
+    for (int e = threadIdx.x; e < n; e += blockDim.x) p().ctrl->plan_counts[e] = scratch[e];
+    for (int e = threadIdx.x; e < n; e += blockDim.x) p().ctrl->start1[e] = start[e];
+    if (threadIdx.x == 0) p().ctrl->start1[n] = total;
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, -1);
   }
   KOSMOS_DEVICE void send_counts(int d) {
@@ -127,16 +161,32 @@ struct MoeLocalOps {
   }
   KOSMOS_DEVICE void scatter(int b);
   // The table [ep][E] and the layout in scratch, the layout copied out.
+  // moe_build_layout at EP = 1, CTA-wide: our counts are the whole table, so
+  // the layout is two exclusive scans over experts (row blocks, packed return
+  // rows); thread 0 walking it in shared memory took ~55 us at E = 128.
   KOSMOS_DEVICE void build_layout() {
     const TraceSpan span;
-    const int n = s().ep * E(), words = (int)(sizeof(MoeLayout) / sizeof(int));
-    MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch + n);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) scratch[i] = p().ctrl->table[i];
+    const int n = E(), tile = s().tile_m, cap = s().capacity, words = (int)(sizeof(MoeLayout) / sizeof(int));
+    MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch);
+    int* tmp = scratch + words;  // [blockDim.x + 1]
+    if (threadIdx.x == 0) tmp[blockDim.x] = 0;
     __syncthreads();
-    if (threadIdx.x == 0) moe_build_layout(s(), scratch, L);
+    for (int x = threadIdx.x; x < n; x += blockDim.x) {
+      const int c = p().ctrl->table[x];
+      L->src[2 * x] = 0;  // rows of sources before ours (none) and of all sources
+      L->src[2 * x + 1] = c;
+      L->rb[x] = (c + tile - 1) / tile;
+      L->ret[x] = c;
+      if (c > cap) tmp[blockDim.x] = 1;  // plan_overflow
+    }
+    __syncthreads();
+    const int blocks = cta_exclusive_scan(L->rb, n, tmp);
+    cta_exclusive_scan(L->ret, n, tmp);
+    for (int x = threadIdx.x; x < n; x += blockDim.x) L->dst[x] = L->rb[x] * tile;
+    if (threadIdx.x == 0) L->rb[n] = blocks, L->dropless = tmp[blockDim.x];
     __syncthreads();
     int* to = reinterpret_cast<int*>(&p().ctrl->layout);
-    for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = scratch[n + i];
+    for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = scratch[i];
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, 2 * moe_blocks(s()));
   }
   KOSMOS_DEVICE void push_part(const MoeMove& m);

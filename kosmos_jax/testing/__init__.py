@@ -12,7 +12,8 @@ module of `kosmos_jax.ops`.
   fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
   moe_forward_kernel()  the fused MoE forward's launch alone, on given routing:
                    (y, y_rows, pair_row); moe_arena_rows() / moe_workspace_bytes()
-                   its R and W; moe_forward_built() whether its target is compiled
+                   its R and W; moe_forward_built() whether its target is compiled;
+                   moe_forward_xla_part() what the fused forward runs in XLA around it
   grouped_gemm     the MoE expert GEMMs alone (`kosmos_grouped_gemm`): the MoE
                    benchmark's floor (kosmos_jax/testing/grouped_gemm.py)
 """
@@ -44,6 +45,7 @@ def moe_forward_built() -> bool:
 
 
 moe_arena_rows = _fused_moe.arena_rows
+moe_forward_xla_part = _fused_moe.xla_part
 moe_workspace_bytes = _fused_moe.workspace_bytes
 MOE_TILE_ROWS = _fused_moe.TILE_ROWS
 
