@@ -31,8 +31,9 @@
 //           major, destination-minor as above). Our own units copy nothing: the
 //           fold reads those rows in the arena. Each releases returned[e] at s.
 //  fold     a part of token block b (kMoeFoldParts per block), once every unit
-//           holding the block's rows has returned: each token's k rows weighted by fp32 router weights, summed in fp32 in
-//           slot order (moe_fold_token).
+//           holding the block's rows has returned: each token's k rows
+//           weighted by fp32 router weights, summed in fp32 in slot order
+//           (moe_fold_token).
 //
 // Memory model. Flags hold epochs (never reset: ready is flag >= epoch); a
 // producer writes, barriers its CTA, then one thread releases (.sys when the
@@ -83,10 +84,11 @@ KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
 // (add one; true for the add that completes it, which re-arms it); release(flag,
 // home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
 // i) on our own flags; wait_each(flag, n, pred): wait(flag, i) for every i < n
-// with pred(i), in any order (a CTA polls them in parallel); ends() (plan ends [nb][E], after kPlanned); layout(); and
-// the work: route, scan, send_counts, scatter, build_layout, push_part,
-// build(L, most) (the GEMM tiles, MoeBuilds below), push_unit, fold(item, first, last) (tokens),
-// finish.
+// with pred(i), in any order (a CTA polls them in parallel); ends() (plan ends
+// [nb][E], after kPlanned); layout(); and the work: route, scan, send_counts,
+// scatter, build_layout, push_part, build(L, most) (the GEMM tiles, MoeBuilds
+// below), push_unit, fold(item, first, last) (fold item `item`: tokens
+// [first, last)), finish.
 
 // The last route block: scan, then the count exchange (our own row last).
 template <class Ops>
