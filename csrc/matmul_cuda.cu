@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "device.h"
 #include "gemm/portable/tile_engine.cuh"
 #include "handlers.h"
 #include "launch.h"
@@ -25,42 +26,6 @@ namespace {
 // the portable engine.
 constexpr int kPortable = sm90::kTileShapes;
 std::atomic<long long> g_runs[sm90::kTileShapes + 1];
-constexpr int kMaxDevices = 64;
-
-// SM count of `ordinal` and whether sm_90a code runs on it (exactly cc 9.0),
-// cached per device as (sms << 1 | is_sm90); 0 = not read yet.
-cudaError_t device_facts(int ordinal, int* sms, bool* sm90) {
-  static std::atomic<int> cache[kMaxDevices];
-  if (ordinal < 0 || ordinal >= kMaxDevices) return cudaErrorInvalidDevice;
-  int v = cache[ordinal].load(std::memory_order_acquire);
-  if (v == 0) {
-    int n = 0, major = 0, minor = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, ordinal);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
-    if (e != cudaSuccess) return e;
-    v = n << 1 | (major == 9 && minor == 0);
-    cache[ordinal].store(v, std::memory_order_release);
-  }
-  *sms = v >> 1;
-  *sm90 = v & 1;
-  return cudaSuccess;
-}
-
-// Makes `ordinal` current for the launch (function attributes are per device)
-// and restores the caller's device afterwards.
-struct DeviceGuard {
-  int prev = -1;
-  cudaError_t err = cudaSuccess;
-  explicit DeviceGuard(int ordinal) {
-    err = cudaGetDevice(&prev);
-    if (err == cudaSuccess && prev != ordinal) err = cudaSetDevice(ordinal);
-  }
-  ~DeviceGuard() {
-    if (prev >= 0) cudaSetDevice(prev);
-  }
-};
-
 template <class T>
 cudaError_t portable_launch(gemm::Layout l, const gemm::Problem& p, int grid, cudaStream_t s) {
   using E = portable::TileEngine<gemm::Layout::TN, T, T>;

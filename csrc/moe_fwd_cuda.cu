@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "device.h"
 #include "handlers.h"
 #include "launch.h"
 #include "moe/fwd_ws.h"
@@ -48,22 +49,19 @@ bool shaped(ffi::AnyBuffer::Dimensions d, std::initializer_list<int64_t> want) {
   return true;
 }
 
-// The grid (one CTA per SM, or cu_cap of them) and the device's compute capability.
-std::string grid_of(int ordinal, int64_t cu_cap, int* grid, int* cc) {
-  int sms = 0, major = 0, minor = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
-  if (e != cudaSuccess) return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
+// The grid (one CTA per SM, or cu_cap of them) and whether the device runs sm_90a code.
+std::string grid_of(int ordinal, int64_t cu_cap, int* grid, bool* sm90) {
+  int sms = 0;
+  if (cudaError_t e = device_facts(ordinal, &sms, sm90); e != cudaSuccess)
+    return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
   *grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
-  *cc = 10 * major + minor;
   return "";
 }
 
 std::atomic<long long> g_runs[2];  // kosmos_moe_forward launches: [0] Hopper builders, [1] portable
 
 // The Hopper builders on compute capability 9.0 unless KOSMOS_FUSED_BUILDERS=portable.
-bool hopper_builders(int cc) { return cc == 90 && !force_portable_builders(); }
+bool hopper_builders(bool sm90) { return sm90 && !force_portable_builders(); }
 
 // "" when the engine runs this shape, else why not, naming the values.
 std::string engine_refuses(bool sm90, int64_t H, int64_t I, int64_t E, int64_t k) {
@@ -164,9 +162,9 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
   if (std::string why = check_operands(x, indices, weights, w1, w2, y0, add_y0); !why.empty()) return Fail(op, why);
   MoeCall c{x.dimensions()[0], x.dimensions()[1], indices.dimensions()[1], w1.dimensions()[0], w2.dimensions()[1]};
   c.input_gating = input_gating != 0, c.switching = switching != 0, c.movers = movers;
-  int cc = 0;
-  if (std::string why = grid_of(ordinal, cu_cap, &c.grid, &cc); !why.empty()) return Fail(op, why);
-  const bool sm90 = hopper_builders(cc);
+  bool cc90 = false;
+  if (std::string why = grid_of(ordinal, cu_cap, &c.grid, &cc90); !why.empty()) return Fail(op, why);
+  const bool sm90 = hopper_builders(cc90);
   if (std::string why = engine_refuses(sm90, c.H, c.I, c.E, c.k); !why.empty()) return Fail(op, why);
   if (sm90) moe_fwd_sm90_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
   else moe_fwd_portable_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
@@ -180,9 +178,8 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                         std::to_string(L.total) + " (kosmos_jax.ops._fused_moe.workspace_bytes)");
   if (!c.switching && c.grid < 2)
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(c.grid));
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != ordinal) cudaSetDevice(ordinal);
+  DeviceGuard guard(ordinal);
+  if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
   const std::string err = prepare_engine(sm90, ordinal);
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = err.empty() ? cudaMemsetAsync(base, 0, L.zeroed, stream) : cudaSuccess;
@@ -200,7 +197,6 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
              : moe_fwd_portable_launch(m, w1.untyped_data(), w2.untyped_data(), c.grid, ordinal, stream);
     if (e == cudaSuccess) ++g_runs[sm90 ? 0 : 1];  // counted once the launch is accepted
   }
-  if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
   return ffi::Error::Success();
@@ -220,18 +216,17 @@ static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
     return Fail(op, "M=" + std::to_string(M) + " must be 128 * len(tile_expert)=" + std::to_string(td[0]) +
                         " and c [M, N]; got c " + dims(c->dimensions()));
   if (std::string why = grouped_gemm_sm90_unsupported((int)M, (int)N, (int)K, (int)E); !why.empty()) return Fail(op, why);
-  int grid = 0, cc = 0;
-  if (std::string why = grid_of(ordinal, 0, &grid, &cc); !why.empty()) return Fail(op, why);
-  if (cc != 90)
+  int grid = 0;
+  bool sm90 = false;
+  if (std::string why = grid_of(ordinal, 0, &grid, &sm90); !why.empty()) return Fail(op, why);
+  if (!sm90)
     return Fail(op, "runs on compute capability 9.0 (H100/H200) only (the Hopper engine; a benchmark facility); "
-                    "ordinal " + std::to_string(ordinal) + " is " + std::to_string(cc / 10) + "." + std::to_string(cc % 10));
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != ordinal) cudaSetDevice(ordinal);
+                    "ordinal " + std::to_string(ordinal) + " is another generation");
+  DeviceGuard guard(ordinal);
+  if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
   cudaError_t e = grouped_gemm_sm90_launch(a.untyped_data(), b.untyped_data(), c->untyped_data(),
                                            static_cast<const int*>(tile_expert.untyped_data()), (int)M, (int)N, (int)K,
                                            (int)E, grid, stream);
-  if (prev >= 0 && prev != ordinal) cudaSetDevice(prev);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
   return ffi::Error::Success();
 }

@@ -61,6 +61,17 @@ const char* grouped_unsupported(int M, int N, int K, int experts) {
   return "";
 }
 
+// The persistent grid of a grouped launch over rows x cols tiles: *grid (<= 0:
+// one CTA per SM) capped at the resident CTAs and the tile count; returns the
+// swizzle group of its tile order.
+template <class Cfg>
+int grouped_grid(int rows, int cols, int resident, int* grid) {
+  const int tiles = rows * cols;
+  if (*grid <= 0 || *grid > resident) *grid = resident;
+  *grid = *grid < tiles ? *grid : tiles;
+  return gemm::swizzle_group(rows, *grid, Cfg::kBM, Cfg::kBN);
+}
+
 // Launches the grouped GEMM on `stream` with `grid` CTAs (<= 0: one per SM;
 // capped at the tile count). a [M, K], b [E, K, N], c [M, N] bf16;
 // tile_expert: device array [M / 128]. cudaErrorInvalidValue when
@@ -79,10 +90,7 @@ cudaError_t grouped_gemm_launch(const void* a, const void* b, void* c, const int
   sm90::Params<Cfg> p{sm90::make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(pa, M, K, K),
                       sm90::make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pb, N, experts * K, N),
                       sm90::make_output_tma<Cfg>(c, M, N, N), c, M, N, K};
-  const int rows = M / Cfg::kBM, tiles = rows * gemm::ceil_div(N, Cfg::kBN);
-  if (grid <= 0 || grid > resident) grid = resident;
-  grid = grid < tiles ? grid : tiles;
-  const int group = gemm::swizzle_group(rows, grid, Cfg::kBM, Cfg::kBN);
+  const int rows = M / Cfg::kBM, group = grouped_grid<Cfg>(rows, gemm::ceil_div(N, Cfg::kBN), resident, &grid);
   const size_t smem = sm90::SharedStorage<Cfg>::kLaunchBytes;
   grouped_gemm_sm90<Cfg><<<grid, Cfg::kThreads, smem, stream>>>(p, tile_expert, group);
   return cudaGetLastError();
@@ -164,10 +172,8 @@ cudaError_t swiglu_gemm_launch(const void* a, const void* b, void* h, const int*
                       sm90::make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pb, N, experts * H, N),
                       sm90::make_output_tma<Cfg>(h, M, I, I), h, M, N, H};
   const auto b_half = sm90::make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(pb, N, experts * H, N);
-  const int rows = M / Cfg::kBM, tiles = rows * (N / Cfg::kBN);
-  if (grid <= 0 || grid > resident) grid = resident;
-  grid = grid < tiles ? grid : tiles;
-  const int group = gemm::swizzle_group(rows, grid, Cfg::kBM, Cfg::kBN);  // a tile reads kBN columns of B
+  // A tile reads kBN columns of B (gate and up halves): the swizzle's column width.
+  const int rows = M / Cfg::kBM, group = grouped_grid<Cfg>(rows, N / Cfg::kBN, resident, &grid);
   const size_t smem = sm90::SharedStorage<Cfg>::kLaunchBytes;
   swiglu_gemm_sm90<Cfg><<<grid, Cfg::kThreads, smem, stream>>>(p, b_half, tile_expert, group);
   return cudaGetLastError();
