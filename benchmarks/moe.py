@@ -26,8 +26,8 @@ Arms, forward only, each under jax.jit with its own warm-up and sustained timing
 --calls pipelined calls; tokens rotated past the L2):
   reference    ops.moe_forward(impl="reference"): the twin in XLA (router, capped dispatch
                or the dropless pass, batched expert GEMMs, combine, fold, shared expert)
-  fused        ops.moe_forward(impl="fused"): router and shared expert in XLA around one
-               kosmos_moe_forward launch
+  fused        ops.moe_forward(impl="fused"): the router in XLA, then one
+               kosmos_moe_forward launch (the shared expert's tiles in it)
   fused_fixed  the same with MoeLaunch(switching=False): a fixed mover crew
   floor        the expert GEMMs alone (kosmos_grouped_gemm, kosmos_jax.testing.grouped_gemm)
                on pre-permuted balanced rows: GEMM1 (N = 2I, no SwiGLU) and GEMM2 (K = I,
@@ -260,16 +260,15 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
 
 
 def xla_part_arm(cfg: moe.MoEConfig, names: tuple):
-  """What the fused arm runs in XLA around its launch (routing, aux loss, shared expert),
-  timed alone: the fused arm's time minus this is the launch's."""
+  """What the fused arm runs in XLA before its launch (routing, aux loss), timed alone:
+  the fused arm's time minus this is the launch's (and the layout's)."""
   def local(x, *ps):
     p = dict(zip(names, ps))
-    routing, aux, _, ys = moe_forward_xla_part(x, p["router_w"], p.get("shared_gate_up"), p.get("shared_down"),
-                                              p.get("expert_bias"), config=cfg, axis_name="ep")
-    return (routing.indices, routing.weights, aux) + ((ys,) if ys is not None else ())
+    routing, aux = moe_forward_xla_part(x, p["router_w"], p.get("expert_bias"), config=cfg, axis_name="ep")
+    return routing.indices, routing.weights, aux
 
-  outs = (P("ep"), P("ep"), P()) + ((P("ep"),) if cfg.shared_expert_intermediate else ())
-  return jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=(P("ep"), *[P() for _ in names]), out_specs=outs))
+  return jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=(P("ep"), *[P() for _ in names]),
+                               out_specs=(P("ep"), P("ep"), P())))
 
 
 def floor_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int) -> tuple:
@@ -444,8 +443,8 @@ def table(rows, arms) -> str:
                "with two one-expert grouped GEMMs)" if shared else "") + "; router and SwiGLU not counted.",
             "- floor: the expert GEMMs alone on pre-permuted balanced rows (each expert's padded to 128), "
             "the same for both routings; fused / floor = floor time / fused time.",
-            "- xla_part: what the fused arm still runs as XLA ops around its launch (routing, aux loss, "
-            "shared expert), timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
+            "- xla_part: what the fused arm still runs as XLA ops before its launch (routing, aux loss), "
+            "timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
             "- max load: largest expert count / mean of the router's picks (1.00 = exactly balanced); "
             "(fallback): a count exceeds the twin's capacity, so the reference arm runs its dropless pass."]
   if any(r["experts"] != r["experts_preset"] for r in rows):

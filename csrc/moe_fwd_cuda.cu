@@ -1,5 +1,5 @@
 // FFI handlers of the MoE ops (CUDA): kosmos_moe_forward, the forward
-// megakernel at EP = 1 (routing and the shared expert run in XLA around it,
+// megakernel at EP = 1 with the shared expert (routing runs in XLA before it,
 // kosmos_jax/ops/_fused_moe.py), and kosmos_grouped_gemm, the expert GEMMs
 // alone (the benchmark's floor). The forward runs its Hopper builders
 // (kernels/moe/fwd_sm90.cuh) on compute capability 9.0 and its portable ones
@@ -17,6 +17,7 @@
 #include "device.h"
 #include "handlers.h"
 #include "launch.h"
+#include "gemm/tile_order.h"
 #include "moe/fwd_ws.h"
 #include "moe_fwd_portable.h"
 #include "moe_fwd_sm90.h"
@@ -92,7 +93,8 @@ int moe_movers(int64_t movers, int grid, bool switching) {
 // One call's sizes, the engine's column blocks and rows, the grid and the knobs.
 struct MoeCall {
   int64_t t, H, k, E, I;
-  int R, nt1, nt2, grid;
+  int R, S, nt1, nt2, grid;  // arena rows, the shared expert's rows (0: none)
+  int band;                  // row blocks per band of the tile order (gemm::swizzle_group)
   bool input_gating, switching;
   int64_t movers;
 };
@@ -100,20 +102,21 @@ struct MoeCall {
 // The launch's parameters over the workspace at `base` (laid out by L): the
 // shape with the engine's column blocks (nt1, nt2), every pointer, the knobs.
 moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, const void* x, const void* indices,
-                             const void* weights, const void* y0, void* y, void* y_rows, void* pair_row) {
+                             const void* weights, void* y, void* y_rows, void* pair_row, void* hs) {
   moe::MoeFwdParams m{};
   m.s = moe::MoeFwdShape{1, 0, (int)c.t, (int)c.k, moe::kMoeBlockTokens, (int)c.E, moe::kMoeTileRows, c.nt1, c.nt2,
-                         /*groups=*/4, /*capacity=*/(int)c.t};
+                         /*groups=*/4, /*capacity=*/(int)c.t, /*shared_rb0=*/c.R / moe::kMoeTileRows,
+                         /*shared_blocks=*/c.S / moe::kMoeTileRows, /*band=*/c.band};
   m.H = (int)c.H, m.I = (int)c.I;
   m.x = static_cast<const bf16_t*>(x);
   m.indices = static_cast<const int*>(indices);
   m.weights = static_cast<const float*>(weights);
-  m.y0 = static_cast<const float*>(y0);
   m.y = static_cast<bf16_t*>(y);
   m.pair_row = static_cast<int*>(pair_row);
+  m.hs = c.S > 0 ? static_cast<bf16_t*>(hs) : nullptr;
   m.input_gating = c.input_gating;
   m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
-  m.rbs = c.R / moe::kMoeTileRows;
+  m.rbs = (c.R + c.S) / moe::kMoeTileRows;
   m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
   m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
   m.hist = reinterpret_cast<int*>(base + L.hist);
@@ -129,7 +132,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, 
 
 // The operands' types and shapes (the results' once R is known): "" or what is wrong.
 std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
-                           ffi::AnyBuffer w2, ffi::AnyBuffer y0, int64_t add_y0) {
+                           ffi::AnyBuffer w2, ffi::AnyBuffer sw1, ffi::AnyBuffer sw2, int64_t shared) {
   using DT = ffi::DataType;
   auto xd = x.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
   if (xd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3)
@@ -137,13 +140,16 @@ std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuf
            dims(w1d) + ", " + dims(w2d);
   const int64_t t = xd[0], H = xd[1], k = id[1], E = w1d[0], I = w2d[1];
   if (x.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
-      indices.element_type() != DT::S32 || weights.element_type() != DT::F32 || y0.element_type() != DT::F32)
-    return "x, w1, w2 must be bf16, indices int32, weights and y0 float32";
+      sw1.element_type() != DT::BF16 || sw2.element_type() != DT::BF16 || indices.element_type() != DT::S32 ||
+      weights.element_type() != DT::F32)
+    return "x, w1, w2, sw1, sw2 must be bf16, indices int32, weights float32";
   if (id[0] != t || !shaped(weights.dimensions(), {t, k}) || !shaped(w1d, {E, H, 2 * I}) || !shaped(w2d, {E, I, H}))
     return "shapes disagree: x " + dims(xd) + ", indices " + dims(id) + ", weights " + dims(weights.dimensions()) +
            ", w1 " + dims(w1d) + ", w2 " + dims(w2d);
-  if (add_y0 && !shaped(y0.dimensions(), {t, H}))
-    return "y0 " + dims(y0.dimensions()) + " must be [t, h] = [" + std::to_string(t) + ", " + std::to_string(H) + "]";
+  if (shared && (!shaped(sw1.dimensions(), {H, 2 * I}) || !shaped(sw2.dimensions(), {I, H})))
+    return "the shared expert's sw1 " + dims(sw1.dimensions()) + " and sw2 " + dims(sw2.dimensions()) +
+           " must be [h, 2I] and [I, h] with h=" + std::to_string(H) + ", I=" + std::to_string(I) +
+           " (as wide as a routed expert)";
   if (t < 1 || t > (1 << 24)) return "t=" + std::to_string(t) + " must be in [1, 2^24]";
   return "";
 }
@@ -153,13 +159,13 @@ std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuf
 std::vector<std::pair<std::string, long long>> kosmos::moe_forward_engine_runs() { return engine_counts(g_runs); }
 
 static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer indices,
-                                 ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer y0,
-                                 ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
-                                 ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> ws,
-                                 int64_t input_gating, int64_t add_y0, int64_t cu_cap, int64_t movers,
-                                 int64_t switching) {
+                                 ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer sw1,
+                                 ffi::AnyBuffer sw2, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
+                                 ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> hs,
+                                 ffi::Result<ffi::AnyBuffer> ws, int64_t input_gating, int64_t shared, int64_t cu_cap,
+                                 int64_t movers, int64_t switching) {
   const char* op = "kosmos_moe_forward";
-  if (std::string why = check_operands(x, indices, weights, w1, w2, y0, add_y0); !why.empty()) return Fail(op, why);
+  if (std::string why = check_operands(x, indices, weights, w1, w2, sw1, sw2, shared); !why.empty()) return Fail(op, why);
   MoeCall c{x.dimensions()[0], x.dimensions()[1], indices.dimensions()[1], w1.dimensions()[0], w2.dimensions()[1]};
   c.input_gating = input_gating != 0, c.switching = switching != 0, c.movers = movers;
   bool cc90 = false;
@@ -168,11 +174,17 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
   if (std::string why = engine_refuses(sm90, c.H, c.I, c.E, c.k); !why.empty()) return Fail(op, why);
   if (sm90) moe_fwd_sm90_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
   else moe_fwd_portable_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
+  // The floor's band for the grid: each tile is 128 rows by (H / nt2) columns.
+  c.band = gemm::swizzle_group(1 << 20, c.grid, moe::kMoeTileRows, (int)((c.H + c.nt2 - 1) / c.nt2));
   c.R = moe::moe_ep1_rows((int)c.t, (int)c.k, (int)c.E);
-  const moe::MoeWs L = moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.E, (int)c.H, (int)c.I);
-  if (!shaped(y->dimensions(), {c.t, c.H}) || !shaped(y_rows->dimensions(), {c.R, c.H}) ||
-      !shaped(pair_row->dimensions(), {c.t, c.k}))
-    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(c.R) + ", h], pair_row [t, k]");
+  c.S = moe::moe_shared_rows((int)c.t, shared != 0);
+  if (shared && c.k + 1 > 32) return Fail(op, "top_k=" + std::to_string(c.k) + " must be at most 31 with a shared "
+                                              "expert (the fold's warp holds a token's k rows and the shared one)");
+  const moe::MoeWs L = moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.E, (int)c.H, (int)c.I, shared != 0);
+  if (!shaped(y->dimensions(), {c.t, c.H}) || !shaped(y_rows->dimensions(), {c.R + c.S, c.H}) ||
+      !shaped(pair_row->dimensions(), {c.t, c.k}) || (shared && !shaped(hs->dimensions(), {c.t, 2 * c.I})))
+    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(c.R + c.S) + ", h], pair_row [t, k]" +
+                        (shared ? ", hs [t, 2I]" : ""));
   if (ws->size_bytes() < L.total)
     return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
                         std::to_string(L.total) + " (kosmos_jax.ops._fused_moe.workspace_bytes)");
@@ -187,14 +199,17 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
     e = cudaMemsetAsync(y->untyped_data(), 0xFF, y->size_bytes(), stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(y_rows->untyped_data(), 0xFF, y_rows->size_bytes(), stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(pair_row->untyped_data(), 0xFF, pair_row->size_bytes(), stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(hs->untyped_data(), 0xFF, hs->size_bytes(), stream);
   }
   if (e == cudaSuccess && err.empty()) {
     moe::MoeFwdParams m = moe_params(c, L, base, x.untyped_data(), indices.untyped_data(), weights.untyped_data(),
-                                     add_y0 ? y0.untyped_data() : nullptr, y->untyped_data(), y_rows->untyped_data(),
-                                     pair_row->untyped_data());
+                                     y->untyped_data(), y_rows->untyped_data(), pair_row->untyped_data(),
+                                     hs->untyped_data());
     m.trace = trace_buf(ordinal, 0);
-    e = sm90 ? moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), c.grid, stream)
-             : moe_fwd_portable_launch(m, w1.untyped_data(), w2.untyped_data(), c.grid, ordinal, stream);
+    e = sm90 ? moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), sw1.untyped_data(), sw2.untyped_data(),
+                                   c.grid, stream)
+             : moe_fwd_portable_launch(m, w1.untyped_data(), w2.untyped_data(), sw1.untyped_data(),
+                                       sw2.untyped_data(), c.grid, ordinal, stream);
     if (e == cudaSuccess) ++g_runs[sm90 ? 0 : 1];  // counted once the launch is accepted
   }
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
@@ -240,13 +255,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                                   .Arg<ffi::AnyBuffer>()   // weights [t, k] f32
                                   .Arg<ffi::AnyBuffer>()   // w1 [E, h, 2I] bf16 (gate | up)
                                   .Arg<ffi::AnyBuffer>()   // w2 [E, I, h] bf16
-                                  .Arg<ffi::AnyBuffer>()   // y0 [t, h] f32 (add_y0), else (1,)
+                                  .Arg<ffi::AnyBuffer>()   // sw1 [h, 2I] bf16 (shared), else (1,)
+                                  .Arg<ffi::AnyBuffer>()   // sw2 [I, h] bf16 (shared), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // y [t, h] bf16
-                                  .Ret<ffi::AnyBuffer>()   // y_rows [R, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // y_rows [R + S, h] bf16
                                   .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
+                                  .Ret<ffi::AnyBuffer>()   // hs [t, 2I] bf16 (shared), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/fwd_ws.h)
                                   .Attr<int64_t>("input_gating")
-                                  .Attr<int64_t>("add_y0")
+                                  .Attr<int64_t>("shared")
                                   .Attr<int64_t>("cu_cap")      // 0 = all SMs
                                   .Attr<int64_t>("movers")      // -1 = default policy
                                   .Attr<int64_t>("switching"));  // 0: fixed crew

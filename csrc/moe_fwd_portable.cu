@@ -38,10 +38,10 @@ void moe_fwd_portable_columns(int H, int I, int* nt1, int* nt2) {
   *nt2 = moe::moe_portable_nt2(H);
 }
 
-cudaError_t moe_fwd_portable_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid, int ordinal,
-                                    cudaStream_t stream) {
+cudaError_t moe_fwd_portable_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                    const void* sw2, int grid, int ordinal, cudaStream_t stream) {
   if (ordinal < 0 || ordinal >= kMaxOrdinals || !g_ready[ordinal]) return cudaErrorInitializationError;
-  return moe::moe_fwd_portable_launch(m, w1, w2, grid, (size_t)g_pad[ordinal], stream);
+  return moe::moe_fwd_portable_launch(m, w1, w2, sw1, sw2, grid, (size_t)g_pad[ordinal], stream);
 }
 
 }  // namespace kosmos

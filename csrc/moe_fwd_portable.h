@@ -22,7 +22,8 @@ std::string moe_fwd_portable_unsupported(int H, int I, int E, int k);
 void moe_fwd_portable_columns(int H, int I, int* nt1, int* nt2);
 // The megakernel over m (workspace zeroed as moe_ws_layout says), `grid` CTAs,
 // on `ordinal` (prepared, and current).
-cudaError_t moe_fwd_portable_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid, int ordinal,
-                                    cudaStream_t stream);
+// sw1 / sw2: the shared expert's weights (m.s.shared_blocks > 0), else unread.
+cudaError_t moe_fwd_portable_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                    const void* sw2, int grid, int ordinal, cudaStream_t stream);
 
 }  // namespace kosmos

@@ -32,9 +32,9 @@ void moe_fwd_sm90_columns(int H, int I, int* nt1, int* nt2) {
   *nt2 = (H + MoeCfg::kBN - 1) / MoeCfg::kBN;
 }
 
-cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid,
-                                cudaStream_t stream) {
-  return moe::moe_fwd_sm90_launch<MoeCfg>(m, w1, w2, grid, stream);
+cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                const void* sw2, int grid, cudaStream_t stream) {
+  return moe::moe_fwd_sm90_launch<MoeCfg>(m, w1, w2, sw1, sw2, grid, stream);
 }
 
 std::string grouped_gemm_sm90_unsupported(int M, int N, int K, int E) {

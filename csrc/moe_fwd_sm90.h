@@ -20,8 +20,8 @@ std::string moe_fwd_sm90_unsupported(int H, int I, int E, int k);
 // Column blocks per row block of GEMM1 (of I) and GEMM2 (of H): MoeFwdShape's nt1, nt2.
 void moe_fwd_sm90_columns(int H, int I, int* nt1, int* nt2);
 // The megakernel over m (workspace zeroed as moe_ws_layout says), `grid` CTAs.
-cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, int grid,
-                                cudaStream_t stream);
+cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                const void* sw2, int grid, cudaStream_t stream);
 // C [M, N] = A [M, K] @ B[tile_expert[m / 128]] ([E, K, N]), every expert at once; "" or why not.
 std::string grouped_gemm_sm90_unsupported(int M, int N, int K, int E);
 cudaError_t grouped_gemm_sm90_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N,

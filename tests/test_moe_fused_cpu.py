@@ -21,7 +21,7 @@ from kosmos_jax import AgConfig, MoeLaunch, ops, reference
 from kosmos_jax.moe import MoEConfig, moe_layer, route
 from kosmos_jax.reference import moe as ref_moe
 from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_forward_kernel,
-                                moe_workspace_bytes, MOE_TILE_ROWS)
+                                moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
 from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, make_params, place, to_f32
 
 BF16 = jnp.bfloat16
@@ -39,10 +39,11 @@ KINDS = {"softmax": SOFTMAX, "deepseek": DEEPSEEK, "llama4": LLAMA4}
 
 class _KernelTwin:
   """kosmos_moe_forward's contract in JAX: pairs placed expert-major in a stable
-  order, each expert's segment padded to 128 rows; each pair's expert output; the
-  fold (slot order, fp32) plus y0, rounded once."""
+  order, each expert's segment padded to 128 rows, then the shared expert's rows in
+  token order; each pair's expert output; the fold (slot order, fp32, then the shared
+  expert's row), rounded once."""
 
-  def bind(self, x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+  def bind(self, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
     t, k = indices.shape
     e, h = w1.shape[0], x.shape[1]
     flat = indices.reshape(-1)
@@ -56,13 +57,16 @@ class _KernelTwin:
             else jnp.broadcast_to(x[:, None, :], (t, k, h))).reshape(t * k, h)
     _, out = ref_moe.experts_forward(jnp.broadcast_to(rows, (e, t * k, h)), w1, w2)
     out = out[flat, jnp.arange(t * k)]  # each pair through its own expert
-    r = moe_arena_rows(t, k, e)
-    y_rows = jnp.zeros((r, h), x.dtype).at[pair_row].set(out)
+    r, s = moe_arena_rows(t, k, e), moe_shared_rows(t, shared)
+    y_rows = jnp.zeros((r + s, h), x.dtype).at[pair_row].set(out)
     y = ref_moe.fold(out.reshape(t, k, h), jnp.ones_like(weights) if input_gating else weights)
-    if add_y0:
-      y = y + y0
-    ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1]),), jnp.uint8)
-    return y.astype(x.dtype), y_rows, pair_row.reshape(t, k).astype(jnp.int32), ws
+    hs = jnp.zeros((1,), x.dtype)
+    if shared:
+      hs, ys = ref_moe.shared_forward(x, sw1, sw2)
+      y = y + ys.astype(jnp.float32)
+      y_rows = y_rows.at[r:r + t].set(ys)
+    ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1], shared),), jnp.uint8)
+    return y.astype(x.dtype), y_rows, pair_row.reshape(t, k).astype(jnp.int32), hs, ws
 
 
 @pytest.fixture
@@ -134,6 +138,16 @@ def test_kernel_limits_raise_before_lowering(no_gpu_needed, change, match):
     _abstract_call(SOFTMAX.replace(**change), 1, dtype)
 
 
+@pytest.mark.parametrize("change,match", [
+    (dict(shared_expert_intermediate=256), r"shared_expert_intermediate=256 must equal expert_intermediate=128"),
+    (dict(num_experts=64, top_k=32), r"top_k=32 must be at most 31 \(a warp of the fold holds one token's rows, "
+                                     r"the shared expert's too"),
+], ids=["shared_width", "top_k_with_shared"])
+def test_shared_expert_limits_raise_before_lowering(no_gpu_needed, change, match):
+  with pytest.raises(ValueError, match=match):
+    _abstract_call(DEEPSEEK.replace(n_groups=1, topk_groups=1, **change), 1)
+
+
 def test_any_gpu_generation_traces_fused(no_gpu_needed, monkeypatch):
   """No compute-capability gate before lowering: the kernel has portable builders
   beside the Hopper ones (the handler picks per device), so a host of other GPUs
@@ -186,11 +200,18 @@ def test_workspace_formula():
   # DeepSeek-V3 at 8192 tokens: R = 8192 * 8 + 256 * 127 = 98048 (a multiple of 128).
   r = moe_arena_rows(8192, 8, 256)
   assert r == 98048
-  assert moe_workspace_bytes(8192, 8, 256, 7168, 2048) == (
+  assert moe_workspace_bytes(8192, 8, 256, 7168, 2048, False) == (
       65536 + al(98048 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2) + al(98048 * 2048 * 2))
-  # Tiny: R = roundup(5 * 2 + 8 * 127, 128) = 1152; one token block.
+  # With its shared expert: S = 8192 more rows of flags and activations.
+  assert moe_shared_rows(8192, True) == 8192 and moe_shared_rows(8192, False) == 0
+  assert moe_workspace_bytes(8192, 8, 256, 7168, 2048, True) == (
+      65536 + al(106240 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2)
+      + al(106240 * 2048 * 2))
+  # Tiny: R = roundup(5 * 2 + 8 * 127, 128) = 1152; one token block; S = 128.
   assert moe_arena_rows(5, 2, 8) == 1152
-  assert moe_workspace_bytes(5, 2, 8, 64, 128) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912
+  assert moe_workspace_bytes(5, 2, 8, 64, 128, False) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912
+  assert moe_shared_rows(5, True) == 128
+  assert moe_workspace_bytes(5, 2, 8, 64, 128, True) == 65536 + 1024 + 1024 + 5120 + 147456 + 327680
   # k > E: a token picks an expert at most once, so t * min(k, E) pairs.
   assert moe_arena_rows(3, 4, 2) == -(-(3 * 2 + 2 * 127) // 128) * 128
 
@@ -200,19 +221,22 @@ def test_abstract_eval_shapes(no_gpu_needed, t, k, e, h, i, shared):
   args = (jax.ShapeDtypeStruct((t, h), BF16), jax.ShapeDtypeStruct((t, k), jnp.int32),
           jax.ShapeDtypeStruct((t, k), jnp.float32), jax.ShapeDtypeStruct((e, h, 2 * i), BF16),
           jax.ShapeDtypeStruct((e, i, h), BF16),
-          jax.ShapeDtypeStruct((t, h), jnp.float32) if shared else None)
+          jax.ShapeDtypeStruct((h, 2 * i), BF16) if shared else None,
+          jax.ShapeDtypeStruct((i, h), BF16) if shared else None)
   fn = functools.partial(moe_forward_kernel, input_gating=False, cu_cap=3)
-  y, y_rows, pair_row = jax.eval_shape(fn, *args)
-  r = moe_arena_rows(t, k, e)
+  y, y_rows, pair_row, hs = jax.eval_shape(fn, *args)
+  r = moe_arena_rows(t, k, e) + moe_shared_rows(t, shared)
   assert (y.shape, y.dtype) == ((t, h), BF16)
   assert (y_rows.shape, y_rows.dtype) == ((r, h), BF16)
   assert (pair_row.shape, pair_row.dtype) == ((t, k), jnp.int32)
+  assert (hs.shape, hs.dtype) == ((t, 2 * i), BF16) if shared else hs is None
   # The scratch result, read from the primitive's equation.
   eqn = [q for q in jax.make_jaxpr(fn)(*args).eqns if q.primitive.name == "kosmos_moe_forward"]
   assert len(eqn) == 1
-  ws = eqn[0].outvars[3].aval
-  assert ws.shape == (moe_workspace_bytes(t, k, e, h, i),) and ws.dtype == jnp.uint8
-  assert eqn[0].invars[5].aval.shape == ((t, h) if shared else (1,))
+  ws = eqn[0].outvars[4].aval
+  assert ws.shape == (moe_workspace_bytes(t, k, e, h, i, shared),) and ws.dtype == jnp.uint8
+  assert eqn[0].invars[5].aval.shape == ((h, 2 * i) if shared else (1,))
+  assert eqn[0].invars[6].aval.shape == ((i, h) if shared else (1,))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -227,13 +251,14 @@ def test_lowers_to_one_custom_call(no_gpu_needed, kind):
   assert len(calls) == 1, text[-3000:]
   call = calls[0]
   e, h, i, k = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.top_k
-  r = moe_arena_rows(T, k, e)
-  y0 = f"{T}x{h}xf32" if shared else "1xf32"
+  r = moe_arena_rows(T, k, e) + moe_shared_rows(T, shared)
+  sw1, sw2, hs = (f"{h}x{2 * i}xbf16", f"{i}x{h}xbf16", f"{T}x{2 * i}xbf16") if shared else ("1xbf16",) * 3
   assert (f"tensor<{T}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{T}x{k}xf32>, tensor<{e}x{h}x{2 * i}xbf16>, "
-          f"tensor<{e}x{i}x{h}xbf16>, tensor<{y0}>") in call, call
-  w = moe_workspace_bytes(T, k, e, h, i)
-  assert f"-> (tensor<{T}x{h}xbf16>, tensor<{r}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{w}xui8>)" in call, call
-  for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"add_y0 = {int(shared)} : i64",
+          f"tensor<{e}x{i}x{h}xbf16>, tensor<{sw1}>, tensor<{sw2}>)") in call, call
+  w = moe_workspace_bytes(T, k, e, h, i, shared)
+  assert (f"-> (tensor<{T}x{h}xbf16>, tensor<{r}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{hs}>, "
+          f"tensor<{w}xui8>)") in call, call
+  for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"shared = {int(shared)} : i64",
                "cu_cap = 0 : i64", "movers = 5 : i64", "switching = 0 : i64"):
     assert attr in call, (attr, call)
 

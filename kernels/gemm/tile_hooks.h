@@ -54,6 +54,12 @@
 //                      reads its own shard straight from x this way (Hopper:
 //                      under push and for ag_nn), and the portable builders
 //                      every shard's rows and GEMM+RS's chunks.
+//  b_source(t)         (Hopper engine, when kBSource) the producer thread,
+//                      before tile t's loads: another B for tile t (a TMA
+//                      descriptor in parameter space, the Problem's N and K),
+//                      or nullptr for the Problem's B. The MoE forward's shared
+//                      expert tiles read its own down weights this way. The
+//                      portable engine's tiles name their B per call instead.
 //  b_kblock0(t)        (Hopper engine, when kGroupedB) the producer thread,
 //                      before tile t's loads: the k-block of B where tile t's
 //                      contraction starts. B then holds several [K, ...]
@@ -111,6 +117,7 @@ KOSMOS_DEVICE void async_proxy_fence() {
 KOSMOS_HOOK_FLAG(split_a, kSplitA)          // absent: every tile reads the Problem's A
 KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by one
 KOSMOS_HOOK_FLAG(groups_b, kGroupedB)       // absent: every tile reads the Problem's B from k = 0
+KOSMOS_HOOK_FLAG(sources_b, kBSource)       // absent: every tile reads the Problem's B
 KOSMOS_HOOK_FLAG(splits_b, kSplitB)         // absent: a tile's B rows are one block of kBN
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 #undef KOSMOS_HOOK_FLAG

@@ -49,24 +49,24 @@ static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its work
 constexpr int kMoeScratchInts = kEpMaxRanks * kMaxExperts + (int)(sizeof(MoeLayout) / sizeof(int));
 
 struct MoeFwdParams {
-  MoeFwdShape s;          // ep == 1
+  MoeFwdShape s;          // ep == 1; s.shared_rb0 = R / tile_m, s.shared_blocks = S / tile_m
   int H, I;
   const bf16_t* x;        // [t][H]
   const int* indices;     // [t*k] expert of each pair (routing.indices)
   const float* weights;   // [t*k] fp32 combine weights
-  const float* y0;        // [t][H] fp32 added before rounding (the shared expert), or nullptr
   bf16_t* y;              // [t][H]
   int* pair_row;          // [t*k] the plan's pos, then (the fold) the pair's row of y_rows
+  bf16_t* hs;             // [t][2I] the shared expert's pre-activations (bf16, gate | up), or nullptr
   int input_gating;       // rows sent are w * x and fold with weight 1 (Llama 4)
   MoeCtrl* ctrl;
   uint64_t* rb_flags;     // [2][rbs] GEMM1, GEMM2 row-block flags
   uint32_t* rb_counts;    // [2][rbs]
-  int rbs;                // row blocks of the arena (R / tile_m)
+  int rbs;                // row blocks of act and y_rows: (R + S) / tile_m
   int* hist;              // [nb][E] plan_scan's starts, then each block's ends
   int* order;             // [t*k] pairs in the packed plan order
   bf16_t* arena;          // [R][H] the experts' input rows
-  bf16_t* act;            // [R][I] SwiGLU outputs
-  bf16_t* y_rows;         // [R][H] the experts' output rows
+  bf16_t* act;            // [R + S][I] SwiGLU outputs
+  bf16_t* y_rows;         // [R + S][H] the experts' output rows (the shared expert's last)
   int movers, switching;
   uint64_t timeout_ns;
   TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)

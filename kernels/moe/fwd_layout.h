@@ -39,6 +39,12 @@ struct MoeFwdShape {
   int nt1, nt2;      // column blocks of GEMM1 (SwiGLU pairs of 2I) and GEMM2 (of H), per tile engine
   int groups;        // G: dispatch parts per (source, expert), whole plan blocks each
   int capacity;      // C: rows per (source, expert) of the capped arena
+  // The shared expert (every token, weight 1, as wide as a routed one), when
+  // shared_blocks > 0: its rows are row blocks [shared_rb0, + shared_blocks),
+  // tokens [tile_m * i, + tile_m) in row block shared_rb0 + i, past every
+  // arena row block the layout can use (shared_blocks = ceil(t / tile_m)).
+  int shared_rb0, shared_blocks;
+  int band;          // row blocks per band of the build queue's tile order (moe/fwd_queues.h)
 };
 
 KOSMOS_HD inline int moe_cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -51,7 +57,9 @@ KOSMOS_HD inline int moe_blocks(const MoeFwdShape& s) { return plan_blocks(moe_p
 KOSMOS_HD inline bool moe_fwd_shape_ok(const MoeFwdShape& s) {
   return s.ep >= 1 && s.ep <= kEpMaxRanks && s.rank >= 0 && s.rank < s.ep && s.e_local >= 1 &&
          moe_experts(s) <= kMaxExperts && s.tokens >= 1 && s.top_k >= 1 && s.top_k <= moe_experts(s) &&
-         s.block_tokens >= 1 && s.tile_m >= 1 && s.nt1 >= 1 && s.nt2 >= 1 && s.groups >= 1 && s.capacity >= 0;
+         s.block_tokens >= 1 && s.tile_m >= 1 && s.nt1 >= 1 && s.nt2 >= 1 && s.groups >= 1 && s.capacity >= 0 &&
+         s.shared_rb0 >= 0 && (s.shared_blocks == 0 || s.shared_blocks == moe_cdiv(s.tokens, s.tile_m)) &&
+         s.band >= 1;
 }
 
 // Rows of one rank's receive arena in either mode (see the header).

@@ -268,11 +268,13 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (m.x * s().groups + m.g) * s().ep + m.dst);
 }
 
-// Fold item: tokens [first, last), a warp per token (moe_fold_row). Also
-// turns each pair's pos into its row of y_rows (pair_row, for the backward).
+// Fold item: tokens [first, last), a warp per token (moe_fold_row): its k
+// routed rows, then (lane k) its shared expert row with weight 1, the twin's
+// order (reference.moe_forward: fold, then + y_s). Also turns each pair's pos
+// into its row of y_rows (pair_row, for the backward).
 KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   const TraceSpan span;
-  const int k = s().top_k, H = p().H;
+  const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int tok = first + warp; tok < last; tok += blockDim.x / 32) {
     const int* idx = p().indices + (size_t)tok * k;
@@ -283,13 +285,15 @@ KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
       row = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], *pr).row;
       *pr = row;
       wt = p().input_gating ? 1.f : p().weights[(size_t)tok * k + lane];
+    } else if (lane < slots) {
+      row = s().shared_rb0 * s().tile_m + tok;
+      wt = 1.f;
     }
-    const float* y0 = p().y0 != nullptr ? p().y0 + (size_t)tok * H : nullptr;
     bf16_t* y = p().y + (size_t)tok * H;
     // Two vectors per lane at most: four (32 fp32 sums, 8 vectors in flight) spill at
     // the kernel's 168 registers.
-    if (k >= kFoldDepth) moe_fold_row<1>(p().y_rows, y0, y, H, k, row, wt, lane);
-    else moe_fold_row<2>(p().y_rows, y0, y, H, k, row, wt, lane);
+    if (slots >= kFoldDepth) moe_fold_row<1>(p().y_rows, y, H, slots, row, wt, lane);
+    else moe_fold_row<2>(p().y_rows, y, H, slots, row, wt, lane);
   }
   __syncthreads();
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceReduce, item);

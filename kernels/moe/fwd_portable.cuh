@@ -8,6 +8,9 @@
 // schedule, queues and workspace; only the tiles' widths differ, so the handler
 // sets the shape's nt1 / nt2 per engine (moe_portable_nt1 / _nt2 here).
 //
+// The shared expert's tiles (row blocks from shared_rb0) read x as GEMM1's A
+// and its own weights as B, and keep their pre-activations in hs.
+//
 // GEMM1 tile (rb, n): act columns [64 n, + 64) of row block rb. Its engine tile
 // reads B as two half-blocks of the expert's w1 [H, 2I] (the split-B hook):
 // gate columns [64 n, + 64) beside the same up columns, I further on. A
@@ -49,8 +52,10 @@ template <typename T>
 struct MoeFwdPortableParams {
   static_assert(std::is_same_v<T, bf16_t>, "the MoE forward runs bf16 (MoeFwdParams' rows)");
   MoeFwdParams m;
-  const T* w1;  // [E][H][2I]: gate | up
-  const T* w2;  // [E][I][H]
+  const T* w1;   // [E][H][2I]: gate | up
+  const T* w2;   // [E][I][H]
+  const T* sw1;  // [H][2I] the shared expert's (m.s.shared_blocks > 0)
+  const T* sw2;  // [I][H]
 };
 
 static_assert(portable::kThreads <= kMoeThreads, "the CTA-wide ops' scratch is sized for kMoeThreads");
@@ -71,9 +76,10 @@ struct MoePortableShared {
 template <int kGemm>
 struct MoePortableHooks {
   static constexpr bool kTileDone = false, kMapsRows = false, kSplitA = true, kSplitB = kGemm == 1;
-  const gemm::bf16* a;  // [R][K]
+  const gemm::bf16* a;  // [rows][K]: the arena or act, or (the shared expert's GEMM1) x
   const gemm::bf16* b;  // the tile's expert's w1 [H][2I] or w2 [I][H]
-  int rows;             // R
+  int rows;             // a's rows
+  int m0;               // the tile row of a's row 0 (the shared expert's GEMM1: shared_rb0)
   int up_half;          // GEMM1: I / 64, the half-block where the up columns start
 
   KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}
@@ -81,7 +87,7 @@ struct MoePortableHooks {
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
   KOSMOS_DEVICE const gemm::bf16* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
     *a_rows = rows;
-    *tile_m = t.m;
+    *tile_m = t.m - m0;
     return a;
   }
   KOSMOS_DEVICE const gemm::bf16* b_halves(gemm::TileCoord t, int* lo, int* hi) const {
@@ -117,27 +123,36 @@ struct MoePortableOps : MoeLocalOps {
   }
 
   // act's rows of t.rb, columns [64 t.n, + 64): silu(gate) * up, rounded once.
+  // The shared expert's tiles read x and its own weights, and keep their bf16
+  // pre-activations (hs: gate columns, then up, I further on).
   KOSMOS_DEVICE void swiglu_tile(const MoeTile& t) {
     using E = MoePortableEngine;
-    const int H = p().H, I = p().I;
-    const gemm::bf16* w1 = elems(pp.w1) + (size_t)t.x * H * 2 * I;
-    MoePortableHooks<1> h{elems(p().arena), w1, rows(), I / kMoePortableCols1};
+    const int H = p().H, I = p().I, m0 = s().shared_rb0;
+    const bool shared = t.x == s().e_local;
+    const gemm::bf16* w1 = shared ? elems(pp.sw1) : elems(pp.w1) + (size_t)t.x * H * 2 * I;
+    MoePortableHooks<1> h{shared ? elems(p().x) : elems(p().arena), w1, shared ? s().tokens : m0 * E::kBM,
+                                shared ? m0 : 0, I / kMoePortableCols1};
     const E::Acc acc = E::mainloop(gemm::Problem{p().arena, w1, p().act, rows(), 2 * I, H}, {t.rb, t.n}, sm.tile, h);
     static_assert(E::kSub * 16 == E::kBN, "acc_col(j + kSub / 2) == acc_col(j) + kBN / 2");
 #pragma unroll
     for (int i = 0; i < E::kSub; ++i) {
-      bf16_t* out = p().act + (size_t)(t.rb * E::kBM + E::acc_row(i)) * I + t.n * kMoePortableCols1;
+      const int row = t.rb * E::kBM + E::acc_row(i), tok = row - m0 * E::kBM;
+      bf16_t* out = p().act + (size_t)row * I + t.n * kMoePortableCols1;
+      bf16_t* pre = shared && tok < s().tokens ? p().hs + (size_t)tok * 2 * I + t.n * kMoePortableCols1 : nullptr;
 #pragma unroll
-      for (int j = 0; j < E::kSub / 2; ++j)
-        out[E::acc_col(j)] = from_f32<bf16_t>(moe_swiglu(acc.v[i][j], acc.v[i][j + E::kSub / 2]));
+      for (int j = 0; j < E::kSub / 2; ++j) {
+        const float g = acc.v[i][j], u = acc.v[i][j + E::kSub / 2];
+        out[E::acc_col(j)] = from_f32<bf16_t>(moe_swiglu(g, u));
+        if (pre != nullptr) pre[E::acc_col(j)] = from_f32<bf16_t>(g), pre[I + E::acc_col(j)] = from_f32<bf16_t>(u);
+      }
     }
   }
 
-  // y_rows' rows of t.rb, columns [128 t.n, + 128): act @ w2[x].
+  // y_rows' rows of t.rb, columns [128 t.n, + 128): act @ w2[x] (the shared expert: its own down).
   KOSMOS_DEVICE void down_tile(const MoeTile& t) {
     const int H = p().H, I = p().I;
-    const gemm::bf16* w2 = elems(pp.w2) + (size_t)t.x * I * H;
-    MoePortableHooks<2> h{elems(p().act), w2, rows(), 0};
+    const gemm::bf16* w2 = t.x == s().e_local ? elems(pp.sw2) : elems(pp.w2) + (size_t)t.x * I * H;
+    MoePortableHooks<2> h{elems(p().act), w2, rows(), 0, 0};
     MoePortableEngine::tile(gemm::Problem{p().act, w2, p().y_rows, rows(), H, I}, {t.rb, t.n}, sm.tile, h);
   }
 };
@@ -164,9 +179,10 @@ inline const char* moe_fwd_portable_unsupported(int H, int I, int E, int k) {
 // Launches over m (its workspace zeroed where moe_ws_layout says, m.s.nt1 / nt2
 // from moe_portable_nt1 / _nt2) with `grid` CTAs, `pad_smem` bytes of dynamic
 // shared memory (only padding: one CTA per SM).
-inline kosmosError_t moe_fwd_portable_launch(const MoeFwdParams& m, const void* w1, const void* w2, int grid,
-                                             size_t pad_smem, kosmosStream_t stream) {
-  const MoeFwdPortableParams<bf16_t> p{m, static_cast<const bf16_t*>(w1), static_cast<const bf16_t*>(w2)};
+inline kosmosError_t moe_fwd_portable_launch(const MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                             const void* sw2, int grid, size_t pad_smem, kosmosStream_t stream) {
+  const MoeFwdPortableParams<bf16_t> p{m, static_cast<const bf16_t*>(w1), static_cast<const bf16_t*>(w2),
+                                       static_cast<const bf16_t*>(sw1), static_cast<const bf16_t*>(sw2)};
   moe_fwd_portable_kernel<bf16_t><<<grid, portable::kThreads, pad_smem, stream>>>(p);
   return kosmosGetLastError();
 }

@@ -3,6 +3,7 @@
 // order of each queue is the schedule (paper Table 1), argued in fwd_sched.h.
 #pragma once
 
+#include "gemm/tile_order.h"
 #include "kosmos/platform.h"
 #include "moe/fwd_layout.h"
 
@@ -23,9 +24,12 @@ KOSMOS_HD inline const char* moe_flag_name(MoeFlag f) {
 
 KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
 KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
-KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) { return moe_row_blocks(s, L) * s.nt1; }
+// GEMM row blocks: the layout's (the routed experts') and the shared expert's.
+KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) {
+  return (moe_row_blocks(s, L) + s.shared_blocks) * s.nt1;
+}
 KOSMOS_HD inline int moe_n_build(const MoeFwdShape& s, const MoeLayout& L) {
-  return moe_row_blocks(s, L) * (s.nt1 + s.nt2);
+  return (moe_row_blocks(s, L) + s.shared_blocks) * (s.nt1 + s.nt2);
 }
 KOSMOS_HD inline int moe_n_units(const MoeFwdShape& s) { return s.e_local * s.ep; }
 // Fold items: kMoeFoldParts per plan block, so that the fold (a tail: with
@@ -53,7 +57,7 @@ KOSMOS_HD inline MoeMove moe_move_item(const MoeFwdShape& s, int q) {
 
 struct MoeTile {
   int gemm;    // 1 or 2
-  int rb, x;   // row block (arena rows [rb * tile_m, + tile_m)), its local expert
+  int rb, x;   // row block (rows [rb * tile_m, + tile_m)), its local expert (e_local: the shared expert)
   int n;       // column block
 };
 // The local expert whose segment holds row block rb: the last x with rb[x] <= rb
@@ -66,10 +70,55 @@ KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int
   }
   return lo;
 }
+// The expert of any row block: moe_expert_of, or e_local for the shared expert's.
+KOSMOS_HD inline int moe_tile_expert(const MoeFwdShape& s, const MoeLayout& L, int rb) {
+  return s.shared_blocks > 0 && rb >= s.shared_rb0 ? s.e_local : moe_expert_of(s, L, rb);
+}
+// A segment of the build queue (one GEMM's routed or shared row blocks, rows
+// of them by nt column blocks) in gemm::SwizzledOrder's bands of s.band row
+// blocks, column by column inside a band, as the floor's grouped GEMM walks
+// them: the CTAs running at once then share a few B column blocks through L2
+// instead of streaming a whole expert's weights per row block. Measured
+// (benchmarks/RESULTS.md, MoE): a gain where experts span several row blocks
+// of 64 column blocks (Llama 4 Scout, the shared expert), a few percent lost
+// on small experts. Tile q of the segment, and the inverse.
+KOSMOS_HD inline gemm::TileCoord moe_seg_tile(const MoeFwdShape& s, int rows, int nt, int q) {
+  return gemm::SwizzledOrder{rows, nt, s.band}.at(q);
+}
+KOSMOS_HD inline int moe_seg_index(const MoeFwdShape& s, int rows, int nt, int rb, int n) {
+  const int m0 = rb / s.band * s.band, in = rows - m0 < s.band ? rows - m0 : s.band;
+  return m0 * nt + n * in + (rb - m0);
+}
+// Build item j. GEMM1: the shared expert's row blocks first (its rows are x's,
+// ready at once: they fill the time the movers take to gather the routed
+// rows), then the routed ones, expert-major. GEMM2: routed, then shared (the
+// fold needs both, and every GEMM1 tile precedes every GEMM2 tile).
 KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
-  const int n1 = moe_n_gemm1(s, L);
-  const int q = j < n1 ? j : j - n1, nt = j < n1 ? s.nt1 : s.nt2;
-  return {j < n1 ? 1 : 2, q / nt, moe_expert_of(s, L, q / nt), q % nt};
+  const int rr = moe_row_blocks(s, L), sh = s.shared_blocks, n1 = moe_n_gemm1(s, L);
+  if (j < n1) {
+    if (j < sh * s.nt1) {
+      const gemm::TileCoord c = moe_seg_tile(s, sh, s.nt1, j);
+      return {1, s.shared_rb0 + c.m, s.e_local, c.n};
+    }
+    const gemm::TileCoord c = moe_seg_tile(s, rr, s.nt1, j - sh * s.nt1);
+    return {1, c.m, moe_expert_of(s, L, c.m), c.n};
+  }
+  const int q = j - n1;
+  if (q < rr * s.nt2) {
+    const gemm::TileCoord c = moe_seg_tile(s, rr, s.nt2, q);
+    return {2, c.m, moe_expert_of(s, L, c.m), c.n};
+  }
+  const gemm::TileCoord c = moe_seg_tile(s, sh, s.nt2, q - rr * s.nt2);
+  return {2, s.shared_rb0 + c.m, s.e_local, c.n};
+}
+// The inverse: the build item of tile t.
+KOSMOS_HD inline int moe_build_index(const MoeFwdShape& s, const MoeLayout& L, const MoeTile& t) {
+  const int rr = moe_row_blocks(s, L), sh = s.shared_blocks;
+  if (t.gemm == 1)
+    return t.x == s.e_local ? moe_seg_index(s, sh, s.nt1, t.rb - s.shared_rb0, t.n)
+                            : sh * s.nt1 + moe_seg_index(s, rr, s.nt1, t.rb, t.n);
+  return moe_n_gemm1(s, L) + (t.x == s.e_local ? rr * s.nt2 + moe_seg_index(s, sh, s.nt2, t.rb - s.shared_rb0, t.n)
+                                               : moe_seg_index(s, rr, s.nt2, t.rb, t.n));
 }
 // Whether row block rb (of expert x) holds rows from source src.
 KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {

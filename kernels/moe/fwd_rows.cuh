@@ -37,15 +37,14 @@ KOSMOS_DEVICE void moe_copy_row(const uint4* from, uint4* to, int vecs, int lane
 
 // A token's fold over the vectors v0 + 32 * i (i < kV) of its output row: the
 // sum over slots j = 0..k-1 in that order of w_j * row_j, fp32 products then
-// fp32 sums (no contraction: the twin's fold), plus y0, rounded once. Lane j
-// holds slot j's row (`row`) and weight (`wt`); kJ = kFoldDepth / kV slots'
+// fp32 sums (no contraction: the twin's fold), rounded once. Lane j holds slot
+// j's row (`row`) and weight (`wt`); kJ = kFoldDepth / kV slots'
 // loads are in flight at once, so kFoldDepth vectors per lane whatever k
 // (measured: 4 deep, a 210 us fold tail on Qwen3-30B-A3B; 8 deep, 189 us; more
 // spills at the Hopper kernel's 168 registers).
 constexpr int kFoldDepth = 8;
 template <int kV>
-KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
-                                 int v0, int vecs) {
+KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, bf16_t* y, int H, int k, int row, float wt, int v0, int vecs) {
   constexpr int kJ = kFoldDepth / kV;
   float acc[kV][8];
   for (int j0 = 0; j0 < k; j0 += kJ) {
@@ -79,12 +78,6 @@ KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y,
   for (int i = 0; i < kV; ++i) {
     const int v = v0 + 32 * i;
     if (v >= vecs) continue;
-    if (y0 != nullptr) {
-      const float4 a = reinterpret_cast<const float4*>(y0)[2 * v], c = reinterpret_cast<const float4*>(y0)[2 * v + 1];
-      const float add[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = __fadd_rn(acc[i][e], add[e]);
-    }
     uint4 out;
     bf16_t* o = reinterpret_cast<bf16_t*>(&out);
 #pragma unroll
@@ -98,10 +91,9 @@ KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, const float* y0, bf16_t* y,
 // round's shuffles even where H / 8 is not a multiple of 32 * kV (the rounds'
 // loads and stores skip the vectors past the row).
 template <int kV>
-KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, const float* y0, bf16_t* y, int H, int k, int row, float wt,
-                                int lane) {
+KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, bf16_t* y, int H, int k, int row, float wt, int lane) {
   const int vecs = H / 8;
-  for (int base = 0; base < vecs; base += 32 * kV) moe_fold_vecs<kV>(rows, y0, y, H, k, row, wt, base + lane, vecs);
+  for (int base = 0; base < vecs; base += 32 * kV) moe_fold_vecs<kV>(rows, y, H, k, row, wt, base + lane, vecs);
 }
 
 }  // namespace kosmos::moe

@@ -23,17 +23,21 @@
 //           the rows contiguous, and the grouped rows are the backward's X.
 //  build    GEMM1 tiles (row block, column block of 2I as SwiGLU pairs: each
 //           tile holds the gate and up columns of the same I columns), then GEMM2
-//           tiles (row block, column block of H); row blocks are expert-major.
+//           tiles (row block, column block of H); routed row blocks are
+//           expert-major. The shared expert, when there is one, is row blocks
+//           of its own: tokens in order, read straight from x (moe_build_item).
 //           A GEMM1 tile waits only on the sources whose rows its row block
-//           holds; a GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
+//           holds (a shared one on nothing); a GEMM2 tile on its row block's
+//           GEMM1 (all nt1 tiles).
 //  combine  units (x, s): expert x's rows from source s, pushed back into s's
 //           return buffer once their row blocks' GEMM2 tiles are done (expert-
 //           major, destination-minor as above). Our own units copy nothing: the
 //           fold reads those rows in the arena. Each releases returned[e] at s.
 //  fold     a part of token block b (kMoeFoldParts per block), once every unit
-//           holding the block's rows has returned: each token's k rows
-//           weighted by fp32 router weights, summed in fp32 in slot order
-//           (moe_fold_token).
+//           holding the block's rows has returned (and the shared expert's
+//           GEMM2 row blocks of its tokens): each token's k rows weighted by
+//           fp32 router weights, summed in fp32 in slot order (moe_fold_token),
+//           then the shared expert's row (weight 1), rounded once.
 //
 // Memory model. Flags hold epochs (never reset: ready is flag >= epoch); a
 // producer writes, barriers its CTA, then one thread releases (.sys when the
@@ -158,6 +162,7 @@ struct MoeBuilds {
   // GEMM2 tile on its row block's GEMM1 (all nt1 tiles).
   KOSMOS_MOE_INLINE void start(const MoeTile& t) {
     if (t.gemm == 1) {
+      if (t.x == s.e_local) return;  // the shared expert reads x
       for (int src = 0; src < s.ep; ++src)
         if (moe_reads(s, L, t.x, t.rb, src)) ops.wait(MoeFlag::kArrived, src * s.e_local + t.x);
     } else {
@@ -262,6 +267,8 @@ KOSMOS_MOE_INLINE void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
     int first, last;
     const int b = moe_fold_item(s, f, &first, &last);
     ops.wait_each(MoeFlag::kReturned, E, [&](int e) { return moe_fold_reads(s, ends, b, e); });
+    if (s.shared_blocks > 0)
+      for (int rb = first / s.tile_m; rb <= (last - 1) / s.tile_m; ++rb) ops.wait(MoeFlag::kGemm2, s.shared_rb0 + rb);
     ops.fold(f, first, last);
   }
 }
@@ -281,12 +288,15 @@ KOSMOS_MOE_INLINE void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 //  kArrived: dispatch parts wait on nothing (front work is done), and every rank
 //    has a mover that drains its move queue, so every part is pushed.
 //  kGemm1: GEMM1 tiles precede every GEMM2 tile in the build queue, so they are
-//    claimed, and they wait only on kArrived.
+//    claimed, and they wait only on kArrived (the shared expert's on nothing).
 //  kGemm2 (a unit): a two-way mover builds instead of waiting while tiles are
 //    left, and a builder pushes only once the build queue is empty: either way
 //    every tile the unit needs is claimed, and tiles never wait on units.
 //  kReturned (the fold): every CTA of every rank drains its combine queue
 //    before folding, and units wait only on tiles.
+//  kGemm2 (the fold, the shared expert's row blocks): claimed once the build
+//    queue is empty, which a builder (there is one without switching) sees
+//    before it folds, and tiles never wait on the fold.
 // The waits form a DAG over (ready, front, dispatch, GEMM1, GEMM2, combine,
 // fold), so every wait ends, down to one CTA per rank: it routes, plans and
 // sends its counts (waiting only on the peers' CTA 0 announcements), dispatches

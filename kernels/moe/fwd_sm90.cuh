@@ -3,7 +3,9 @@
 // whose build() drives the TMA + WGMMA tile engine with the build queue
 // (MoeBuilds): GEMM1 tiles (gate and up column blocks of one expert's
 // weights, the SwiGLU in the epilogue: moe/swiglu_sm90.cuh) into act, then
-// GEMM2 tiles (act @ down[e]) into y_rows.
+// GEMM2 tiles (act @ down[e]) into y_rows. The shared expert's tiles are the
+// same GEMMs over row blocks past the arena: the hooks point their A at x
+// (GEMM1) and their B at the shared weights, and keep their pre-activations.
 //
 // One engine run serves one GEMM (its operands are TMA descriptors of the
 // run), so build() runs passes: the producer thread claims ahead, and a claim
@@ -21,11 +23,16 @@ namespace kosmos::moe {
 
 template <class Cfg>
 struct MoeFwdSm90Params {
+  using P = sm90::Params<Cfg>;
   MoeFwdParams m;
-  sm90::Params<Cfg> g1;  // A arena [R, H], B w1 [E*H, 2I]: M = R, N = 2I, K = H
-  sm90::Params<Cfg> g2;  // A act [R, I], B w2 [E*I, H], C y_rows [R, H]: N = H, K = I
-  typename sm90::Params<Cfg>::TmaBHalf w1_half;  // w1 in half-height boxes: a gate and an up column block
-  typename sm90::Params<Cfg>::TmaC act_out;      // the SwiGLU tiles' stores into act [R, I]
+  P g1;  // A arena [R, H], B w1 [E*H, 2I]: M = R, N = 2I, K = H
+  P g2;  // A act [R + S, I], B w2 [E*I, H], C y_rows [R + S, H]: N = H, K = I
+  typename P::TmaBHalf w1_half;   // w1 in half-height boxes: a gate and an up column block
+  typename P::TmaC act_out;       // the SwiGLU tiles' stores into act [R + S, I]
+  // The shared expert's row blocks (s.shared_blocks > 0; else copies of the above):
+  typename P::TmaA x_in;          // GEMM1's A: x [t, H]
+  typename P::TmaBHalf sw1_half;  // GEMM1's B: its gate | up [H, 2I] in half-height boxes
+  typename P::TmaB sw2;           // GEMM2's B: its down [I, H]
 };
 
 // A build's passes (static shared memory, the producer thread's): the claimed
@@ -57,11 +64,16 @@ template <class Cfg, int kGemm>
 struct MoeGemmHooks {
   static constexpr bool kTileDone = true, kGroupedB = true;
   static constexpr bool kMapsRows = kGemm == 1, kStoreBoxes = kGemm == 1, kSplitB = kGemm == 1;
+  static constexpr bool kSplitA = kGemm == 1, kBSource = kGemm == 2;  // the shared expert's x, and down
+  static constexpr bool kKeepsPreact = kGemm == 1;                      // and its pre-activations
   using P = sm90::Params<Cfg>;
   const MoeFwdSm90Params<Cfg>* p;
   MoeBuilds<MoeCtl>* b;
 
-  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_expert_of(b->s, b->L, t.m); }
+  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_tile_expert(b->s, b->L, t.m); }
+  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const {
+    return b->s.shared_blocks > 0 && t.m >= b->s.shared_rb0;
+  }
   // Producer thread: the rows the tile reads have landed (gathered rows, or its
   // row block's GEMM1 tiles stored by TMA and published); then TMA may read them.
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
@@ -72,16 +84,33 @@ struct MoeGemmHooks {
   // Publisher thread, once the tile's stores are complete.
   KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kGemm, t.m, 0, t.n}); }
   KOSMOS_DEVICE int b_kblock0(gemm::TileCoord t) const {
-    return expert(t) * ((kGemm == 1 ? p->m.H : p->m.I) / Cfg::kBK);
+    return shared(t) ? 0 : expert(t) * ((kGemm == 1 ? p->m.H : p->m.I) / Cfg::kBK);
   }
+  // GEMM1 of the shared expert: x's token rows (past t: zeros, computed and never read).
+  KOSMOS_DEVICE const typename P::TmaA* a_source(gemm::TileCoord t, int* rows, int* tile_m) const {
+    if (!shared(t)) return nullptr;
+    *rows = b->s.tokens;
+    *tile_m = t.m - b->s.shared_rb0;
+    return &p->x_in;
+  }
+  KOSMOS_DEVICE const typename P::TmaB* b_source(gemm::TileCoord t) const { return shared(t) ? &p->sw2 : nullptr; }
   // GEMM1: gate columns [n * kBN/2, +kBN/2) beside the same up columns (I further on).
   KOSMOS_DEVICE const typename P::TmaBHalf* b_halves(gemm::TileCoord t, int* lo, int* hi) const {
     *lo = t.n;
     *hi = p->m.I / (Cfg::kBN / 2) + t.n;
-    return &p->w1_half;
+    return shared(t) ? &p->sw1_half : &p->w1_half;
   }
   KOSMOS_DEVICE sm90::StoreBox<typename P::TmaC> store_box(gemm::TileCoord t) const {
-    return {&p->act_out, p->g1.M, p->m.I, t.m, t.n * (Cfg::kBN / 2)};
+    return {&p->act_out, p->m.rbs * Cfg::kBM, p->m.I, t.m, t.n * (Cfg::kBN / 2)};
+  }
+  // GEMM1's bf16 pre-activations, kept for the backward (the shared expert's
+  // only): tile element (r, c) of gate|up column c < kBN / 2 (gate) or above
+  // (up), or nullptr where nothing is kept (routed tiles, rows past t).
+  KOSMOS_DEVICE gemm::bf16* preact(gemm::TileCoord t, int r, int c) const {
+    const int tok = (t.m - b->s.shared_rb0) * Cfg::kBM + r, half = Cfg::kBN / 2;
+    if (!shared(t) || tok >= b->s.tokens) return nullptr;
+    const int col = (c < half ? 0 : p->m.I - half) + t.n * half + c;
+    return reinterpret_cast<gemm::bf16*>(p->m.hs) + (size_t)tok * 2 * p->m.I + col;
   }
   // Unreachable: the launcher requires N % 8 == 0, so every tile is staged and
   // leaves through store_box.
@@ -152,24 +181,33 @@ inline const char* moe_fwd_sm90_unsupported(int H, int I, int E, int k) {
   return "";
 }
 
-// Launches over m (its workspace zeroed where moe_ws_layout says) with `grid` CTAs.
+// Launches over m (its workspace zeroed where moe_ws_layout says) with `grid`
+// CTAs; sw1 [H, 2I] and sw2 [I, H] are the shared expert's (m.s.shared_blocks > 0).
 template <class Cfg>
-cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const void* w2, int grid, cudaStream_t stream) {
+cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
+                                const void* sw2, int grid, cudaStream_t stream) {
   using sm90::make_operand_tma;
-  const int R = m.rbs * Cfg::kBM, H = m.H, I = m.I, E = moe_experts(m.s);
+  const int R = m.s.shared_rb0 * Cfg::kBM, RS = m.rbs * Cfg::kBM, H = m.H, I = m.I, E = moe_experts(m.s);
+  const bool shared = m.s.shared_blocks > 0;
   const auto* pw1 = static_cast<const sm90::bf16*>(w1);
   const auto* pw2 = static_cast<const sm90::bf16*>(w2);
+  const auto* psw1 = shared ? static_cast<const sm90::bf16*>(sw1) : pw1;
+  const auto* psw2 = shared ? static_cast<const sm90::bf16*>(sw2) : pw2;
+  const auto* x = reinterpret_cast<const sm90::bf16*>(m.x);
   const auto* arena = reinterpret_cast<const sm90::bf16*>(m.arena);
   const auto* act = reinterpret_cast<const sm90::bf16*>(m.act);
   MoeFwdSm90Params<Cfg> p{m,
                           {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(arena, R, H, H),
                            make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw1, 2 * I, E * H, 2 * I),
                            {}, nullptr, R, 2 * I, H},
-                          {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(act, R, I, I),
+                          {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(act, RS, I, I),
                            make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw2, H, E * I, H),
-                           sm90::make_output_tma<Cfg>(m.y_rows, R, H, H), m.y_rows, R, H, I},
+                           sm90::make_output_tma<Cfg>(m.y_rows, RS, H, H), m.y_rows, RS, H, I},
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(pw1, 2 * I, E * H, 2 * I),
-                          sm90::make_output_tma<Cfg>(m.act, R, I, I)};
+                          sm90::make_output_tma<Cfg>(m.act, RS, I, I),
+                          make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(x, m.s.tokens, H, H),
+                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(psw1, 2 * I, shared ? H : E * H, 2 * I),
+                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H)};
   moe_fwd_sm90_kernel<Cfg><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }

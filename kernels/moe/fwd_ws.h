@@ -3,15 +3,17 @@
 // computes the same total; the handler refuses a smaller buffer, naming both.
 //
 //   ctrl     kMoeCtrlBytes   MoeCtrl (moe/fwd_ctl.cuh): zeroed before each launch
-//   rb       32 per row block: GEMM1/GEMM2 flags and counts, zeroed with ctrl
+//   rb       32 per row block of R + S: GEMM1/GEMM2 flags and counts, zeroed with ctrl
 //   hist     [nb][E] int
 //   order    [R] int         (the packed plan order uses t*k <= R of them)
 //   arena    [R][H] bf16     the experts' input rows
-//   act      [R][I] bf16     SwiGLU outputs
+//   act      [R + S][I] bf16 SwiGLU outputs (the shared expert's in the last S rows)
 //
 // R = moe_ep1_rows: with one rank the count-driven layout packs t * min(k, E)
 // pairs, each expert's segment padded to kTileRows, so R rows always suffice:
-// no capped arena, no overflow, memory linear in tokens x k.
+// no capped arena, no overflow, memory linear in tokens x k. S = moe_shared_rows:
+// the shared expert's rows (t rounded up to kTileRows), or 0 without one; its
+// input rows are x itself.
 #pragma once
 #include <cstddef>
 
@@ -30,21 +32,26 @@ KOSMOS_HD inline int moe_ep1_rows(int t, int k, int E) {
   return (int)((pairs + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows);
 }
 
+KOSMOS_HD inline int moe_shared_rows(int t, bool shared) {
+  return shared ? (t + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows : 0;
+}
+
 struct MoeWs {
   size_t ctrl, rb, hist, order, arena, act, total;  // byte offsets, and the whole
   size_t zeroed;                                    // bytes from 0 the launcher clears
 };
 
-KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int E, int H, int I) {
-  const size_t R = (size_t)moe_ep1_rows(t, k, E), nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
+KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int E, int H, int I, bool shared) {
+  const size_t R = (size_t)moe_ep1_rows(t, k, E), S = (size_t)moe_shared_rows(t, shared);
+  const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
   MoeWs w{};
   w.ctrl = 0;
   w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
-  w.hist = w.rb + moe_ws_align(R / kMoeTileRows * 32);
+  w.hist = w.rb + moe_ws_align((R + S) / kMoeTileRows * 32);
   w.order = w.hist + moe_ws_align(nb * E * 4);
   w.arena = w.order + moe_ws_align(R * 4);
   w.act = w.arena + moe_ws_align(R * H * 2);
-  w.total = w.act + moe_ws_align(R * I * 2);
+  w.total = w.act + moe_ws_align((R + S) * I * 2);
   w.zeroed = w.hist;
   return w;
 }

@@ -7,7 +7,8 @@
 //
 // The arithmetic (moe_swiglu, moe/swiglu.h) is the pure-JAX twin's and the
 // portable engine's: gate and up rounded to bf16, then silu(g) * u in fp32,
-// rounded once.
+// rounded once. Where the hooks say (preact), the tile's bf16 gate and up
+// pre-activations are stored as well.
 #pragma once
 #include <type_traits>
 
@@ -16,6 +17,13 @@
 #include "moe/swiglu.h"
 
 namespace kosmos::moe {
+
+// Whether hooks H keep pre-activations: `static constexpr bool kKeepsPreact = true`
+// and a member preact(t, r, c) (the MoE forward's; the floor's SwiGLU GEMM has none).
+template <class H, class = void>
+struct keeps_preact : std::false_type {};
+template <class H>
+struct keeps_preact<H, std::void_t<decltype(H::kKeepsPreact)>> : std::bool_constant<H::kKeepsPreact> {};
 
 template <class Cfg, class OutT, bool kBoxes, class Hooks>
 struct SwigluStaging {
@@ -38,7 +46,7 @@ struct SwigluStaging {
   // is its own registers' and h's boxes are where a kOutCols-wide plain tile's
   // would be. Called after the previous tile's stores have read s.c.
   template <class Thr, class Acc, class Phase>
-  CUTE_DEVICE void stage(const P&, S& s, gemm::TileCoord, Hooks&, int, const Thr& thr, const Acc& acc,
+  CUTE_DEVICE void stage(const P&, S& s, gemm::TileCoord t, Hooks& h, int, const Thr& thr, const Acc& acc,
                          const Phase& phase) {
     static_assert(decltype(cute::size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
     constexpr int kUp = Cfg::kBN / 4;
@@ -54,6 +62,19 @@ struct SwigluStaging {
         r[j] = sm90::pack_bf16x2(moe_swiglu(acc(i), acc(i + kUp)), moe_swiglu(acc(i + 1), acc(i + 1 + kUp)));
       }
       sm90::stmatrix_x4(sm90::stmatrix_offset<Cfg, true>(lane_at, q), r);
+    }
+    // The pre-activations the hooks keep (the shared expert's: a residual of the
+    // layer), rounded to bf16 as the twin's h1, straight from the accumulators:
+    // acc(i) and acc(i + 1), i even, are adjacent columns of one row. Row 0 of a
+    // tile that keeps any is always kept.
+    if constexpr (keeps_preact<Hooks>::value) {
+      if (h.preact(t, 0, 0) != nullptr) {
+        CUTE_UNROLL
+        for (int i = 0; i < decltype(cute::size(acc))::value; i += 2) {
+          const int r = cute::get<0>(coord(i)), c = cute::get<1>(coord(i));
+          if (gemm::bf16* at = h.preact(t, r, c)) *reinterpret_cast<uint32_t*>(at) = sm90::pack_bf16x2(acc(i), acc(i + 1));
+        }
+      }
     }
     phase(gemm::TilePhase::kStaged);
   }

@@ -1,17 +1,21 @@
 """Fused MoE forward behind kosmos_jax.ops.moe_forward (EP = 1): the `kosmos_moe_forward`
 FFI target (csrc/moe_fwd_cuda.cu), one persistent launch that plans the (token, slot)
 pairs, gathers their token rows into expert-major arena rows, and runs GEMM1 with its
-SwiGLU epilogue, GEMM2 and the fold (kernels/moe/fwd_sched.h). Any CUDA GPU: the
-expert GEMMs run on the Hopper tile engine on compute capability 9.0 and on the
-portable one elsewhere (and everywhere with KOSMOS_FUSED_BUILDERS=portable); the
-handler counts which ran (kosmos_jax.testing.builder_runs()["moe_forward"]).
+SwiGLU epilogue, GEMM2, the shared expert's tiles and the fold (kernels/moe/fwd_sched.h).
+Any CUDA GPU: the expert GEMMs run on the Hopper tile engine on compute capability 9.0
+and on the portable one elsewhere (and everywhere with KOSMOS_FUSED_BUILDERS=portable);
+the handler counts which ran (kosmos_jax.testing.builder_runs()["moe_forward"]).
 
-Around the launch, in XLA, exactly as the twin (kosmos_jax.reference.moe) computes them:
+Before the launch, in XLA, exactly as the twin (kosmos_jax.reference.moe) computes them:
   - routing (router logits, top-k, combine weights) and the aux loss (moe_router);
-  - the shared expert (reference.moe.shared_forward): its fp32 output goes into the
-    launch, whose fold adds it before the one rounding (fold, then + y_s, then round:
-    the twin's order);
   - the layout (reference.moe.plan): cheap, and the backward and routing_stats read it.
+The shared expert runs in the launch, as row blocks of its own (x's token rows,
+its own weights): its GEMM1 tiles start at once, while the movers gather the
+routed rows; its output row joins each token's fold after the k routed rows (the
+twin's order: fold, then + y_s, rounded once; y_s in bf16, as every expert's row),
+and its bf16 pre-activations hs come back as the twin's residual. It must be as wide as a routed expert
+(shared_expert_intermediate == expert_intermediate, as in every preset); other
+widths run under impl='reference'.
 
 The residuals are the twin's, less the dispatched rows (xr = h1 = None: the kernel's
 arena is scratch), so the layer's backward, which runs the twin (ops.moe_backward
@@ -24,16 +28,18 @@ still say what the twin's capped buffers would have done with this routing.
 The FFI contract (kosmos_moe_forward, platform CUDA):
   operands  x [t, h] bf16; indices [t, k] int32 (Routing.indices); weights [t, k] f32
             (Routing.weights); w1 [E, h, 2I] bf16 (gate_up, gate then up, a free
-            reshape); w2 [E, I, h] bf16 (down); y0 [t, h] f32, the shared expert's
-            output, when add_y0 = 1, else a (1,) f32 array the kernel ignores.
+            reshape); w2 [E, I, h] bf16 (down); sw1 [h, 2I] and sw2 [I, h] bf16, the
+            shared expert's, when shared = 1, else (1,) bf16 arrays the kernel ignores.
   attrs     (int64) input_gating: 1 for MoEConfig.gating == "input" (each dispatched
             row scaled by its weight and rounded to bf16, as the twin's
-            _expert_inputs, then folded with weight 1); add_y0; cu_cap (0: no cap;
+            _expert_inputs, then folded with weight 1); shared; cu_cap (0: no cap;
             the grid is min(SMs, cu_cap)); movers (-1: the kernel's rule); switching
             (1 by default; 0: a fixed mover crew).
-  results   y [t, h] bf16; y_rows [R, h] bf16, every pair's expert output row in
-            arena order; pair_row [t, k] int32, the row of y_rows holding pair
-            (token, slot); ws [W] uint8 scratch (arena_rows, workspace_bytes).
+  results   y [t, h] bf16; y_rows [R + S, h] bf16, every pair's expert output row in
+            arena order, then the shared expert's S = shared_rows(t) (token order);
+            pair_row [t, k] int32, the row of y_rows holding pair (token, slot);
+            hs [t, 2I] bf16, the shared expert's pre-activations (shared = 1, else
+            (1,)); ws [W] uint8 scratch (arena_rows, workspace_bytes).
 """
 from __future__ import annotations
 
@@ -56,7 +62,7 @@ TARGET = "kosmos_moe_forward"
 TILE_ROWS = 128
 BLOCK_TOKENS = 128
 MAX_EXPERTS = 512
-MAX_TOP_K = 32  # the fold's warp holds one token's k rows
+MAX_TOP_K = 32  # the fold's warp holds one token's k rows (and the shared expert's: 31 then)
 # The Hopper engine's k-blocks of h (GEMM1's contraction, GEMM2's column blocks) and
 # the SwiGLU pairs of GEMM1's column blocks (gate and up halves of one tile). The
 # portable engine (every other GPU, or KOSMOS_FUSED_BUILDERS=portable) needs less
@@ -79,15 +85,21 @@ def arena_rows(t: int, k: int, e: int) -> int:
   return _roundup(t * min(k, e) + e * (TILE_ROWS - 1), TILE_ROWS)
 
 
-def workspace_bytes(t: int, k: int, e: int, h: int, i: int) -> int:
+def shared_rows(t: int, shared: bool) -> int:
+  """S, the shared expert's rows of y_rows (and of the SwiGLU activations): t in whole
+  row blocks, or 0 without a shared expert."""
+  return _roundup(t, TILE_ROWS) if shared else 0
+
+
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool) -> int:
   """W, the scratch bytes of one launch; the C++ handler refuses a smaller ws, naming
   both sizes. In order: the control block; 32 bytes of flags per row block; the plan's
   per-(token block, expert) counts; each arena row's pair; the gathered token rows
-  (bf16 [R, h]); the SwiGLU activations (bf16 [R, I])."""
-  r, nb = arena_rows(t, k, e), -(-t // BLOCK_TOKENS)
+  (bf16 [R, h]); the SwiGLU activations (bf16 [R + S, I])."""
+  r, s, nb = arena_rows(t, k, e), shared_rows(t, shared), -(-t // BLOCK_TOKENS)
   al = lambda n: _roundup(n, ALIGN)
-  return (al(CTRL_BYTES) + al(r // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
-          + al(r * i * 2))
+  return (al(CTRL_BYTES) + al((r + s) // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
+          + al((r + s) * i * 2))
 
 
 def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
@@ -104,29 +116,36 @@ def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
     raise ValueError(f"{op} (fused): hidden={h} must be a multiple of {HIDDEN_MULTIPLE}, "
                      f"expert_intermediate={i} a multiple of {INTERMEDIATE_MULTIPLE}, and "
                      f"num_experts={e} at most {MAX_EXPERTS} (impl='reference' runs any shape)")
-  if config.top_k > MAX_TOP_K:
-    raise ValueError(f"{op} (fused): top_k={config.top_k} must be at most {MAX_TOP_K} (a warp of the fold "
-                     "holds one token's rows; impl='reference' runs any top_k)")
+  si = config.shared_expert_intermediate
+  if si and si != i:
+    raise ValueError(f"{op} (fused): shared_expert_intermediate={si} must equal expert_intermediate={i} (the "
+                     "launch runs the shared expert as row blocks of the routed GEMMs; impl='reference' runs "
+                     "any width)")
+  most = MAX_TOP_K - (1 if si else 0)
+  if config.top_k > most:
+    raise ValueError(f"{op} (fused): top_k={config.top_k} must be at most {most} (a warp of the fold holds one "
+                     "token's rows, the shared expert's too; impl='reference' runs any top_k)")
 
 
 moe_forward_p = Primitive(TARGET)
 moe_forward_p.multiple_results = True
 
 
-def _abstract(x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
   # Every result typed like x (dtype aside): the operands were given one varying-axes
   # type, the union of theirs, before the bind.
   t, h = x.shape
   k, (e, _, two_i) = indices.shape[1], w1.shape
-  r = arena_rows(t, k, e)
-  return (x.update(shape=(t, h)), x.update(shape=(r, h)),
+  r, s = arena_rows(t, k, e), shared_rows(t, shared)
+  return (x.update(shape=(t, h)), x.update(shape=(r + s, h)),
           x.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
-          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2),), dtype=jnp.dtype(jnp.uint8)))
+          x.update(shape=(t, two_i) if shared else (1,)),
+          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared),), dtype=jnp.dtype(jnp.uint8)))
 
 
-def _lowering(ctx, x, indices, weights, w1, w2, y0, *, input_gating, add_y0, cu_cap, movers, switching):
+def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
   return jax.ffi.ffi_lowering(TARGET)(
-      ctx, x, indices, weights, w1, w2, y0, input_gating=np.int64(input_gating), add_y0=np.int64(add_y0),
+      ctx, x, indices, weights, w1, w2, sw1, sw2, input_gating=np.int64(input_gating), shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
       switching=np.int64(switching))
 
@@ -135,39 +154,39 @@ moe_forward_p.def_abstract_eval(_abstract)
 mlir.register_lowering(moe_forward_p, _lowering, platform="cuda")
 
 
-def launch_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bool, cu_cap=None,
+def launch_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gating: bool, cu_cap=None,
                   launch: MoeLaunch = MoeLaunch()):
-  """The launch alone, on routing made elsewhere: (y [t, h], y_rows [R, h],
-  pair_row [t, k]); y0 [t, h] f32 or None (no shared expert). The tests reach it
-  through kosmos_jax.testing.moe_forward_kernel."""
+  """The launch alone, on routing made elsewhere: (y [t, h], y_rows [R + S, h],
+  pair_row [t, k], hs [t, 2I] or None); sw1 [h, 2I] and sw2 [I, h] bf16, the shared
+  expert's weights, or None (no shared expert). The tests reach it through
+  kosmos_jax.testing.moe_forward_kernel."""
   if not _ext.has_target(TARGET, "cuda"):
     raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the "
                               "MoE forward handler is needed)")
+  if (sw1 is None) != (sw2 is None):
+    raise ValueError(f"{TARGET}: the shared expert needs both sw1 and sw2 (got sw1 "
+                     f"{None if sw1 is None else sw1.shape}, sw2 {None if sw2 is None else sw2.shape})")
   runtime.init()  # trace time: every persistent kernel is prepared before any runs
-  add_y0 = y0 is not None
-  ops_ = (x, indices.astype(jnp.int32), weights.astype(jnp.float32), w1, w2,
-          y0.astype(jnp.float32) if add_y0 else jnp.zeros((1,), jnp.float32))
+  shared = sw1 is not None
+  none = jnp.zeros((1,), jnp.bfloat16)
+  ops_ = (x, indices.astype(jnp.int32), weights.astype(jnp.float32), w1, w2, sw1 if shared else none,
+          sw2 if shared else none)
   both = frozenset().union(*(_compat.vma(a) for a in ops_))
   ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
   # Bound directly (as the TP+SP ops are): inside shard_map even an eager call runs
   # each primitive under jit, so it needs no impl rule of its own.
-  y, y_rows, pair_row, _ = moe_forward_p.bind(
-      *ops_, input_gating=int(bool(input_gating)), add_y0=int(add_y0), cu_cap=cu_cap, movers=launch.movers,
+  y, y_rows, pair_row, hs, _ = moe_forward_p.bind(
+      *ops_, input_gating=int(bool(input_gating)), shared=int(shared), cu_cap=cu_cap, movers=launch.movers,
       switching=int(launch.switching))
-  return y, y_rows, pair_row
+  return y, y_rows, pair_row, hs if shared else None
 
 
-def xla_part(x, router_w, shared_gate_up=None, shared_down=None, bias=None, *, config: MoEConfig, axis_name):
-  """What the fused forward still runs as XLA ops around its launch: the routing, the aux
-  loss and the shared expert: (routing, aux, shared pre-activations, shared fp32 output),
-  the last two None without a shared expert. benchmarks/moe.py times it alone (arm
-  xla_part), so the cost of not fusing them is measured."""
+def xla_part(x, router_w, bias=None, *, config: MoEConfig, axis_name):
+  """What the fused forward still runs as XLA ops before its launch: the routing and the
+  aux loss, (routing, aux). benchmarks/moe.py times it alone (arm xla_part), so the cost
+  of not fusing the router is measured."""
   routing = rt.route(x, router_w, config, bias)
-  aux = rt.aux_loss(routing, config, axis_name)
-  hs = ys = None
-  if shared_gate_up is not None:
-    hs, ys = ref.shared_forward(x, ref._flat(shared_gate_up), shared_down)
-  return routing, aux, hs, ys
+  return routing, rt.aux_loss(routing, config, axis_name)
 
 
 def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
@@ -177,13 +196,14 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   them, the residuals without dispatched rows (xr = h1 = None)."""
   op = "moe_forward"
   check_fused(op, x, config, int(_compat.axis_size(axis_name)))
-  routing, aux, hs, ys = xla_part(x, router_w, shared_gate_up, shared_down, bias, config=config,
-                                  axis_name=axis_name)
+  routing, aux = xla_part(x, router_w, bias, config=config, axis_name=axis_name)
   layout = ref.plan(routing.indices, num_experts=config.num_experts, capacity=config.capacity(x.shape[0]),
                     axis_name=axis_name)
   output_gated = config.gating == "output"
-  y, y_rows, pair_row = launch_kernel(x, routing.indices, routing.weights, ref._flat(gate_up), down, ys,
-                                      input_gating=not output_gated, cu_cap=cu_cap, launch=launch)
+  sw1 = None if shared_gate_up is None else ref._flat(shared_gate_up)
+  y, y_rows, pair_row, hs = launch_kernel(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
+                                          shared_down, input_gating=not output_gated, cu_cap=cu_cap,
+                                          launch=launch)
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs)

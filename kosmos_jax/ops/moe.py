@@ -20,8 +20,9 @@ layer's MoEConfig) are for the fused megakernel; the reference twin checks them 
 ignores them, as every op's reference path does.
 
 Fused paths so far (kosmos_jax/ops/_fused_moe.py): moe_forward at EP = 1 (an
-`axis_name` of size 1), bf16, with the router and the shared expert in XLA around
-the one launch; at EP > 1 impl='fused' raises NotImplementedError. moe_backward has
+`axis_name` of size 1), bf16, with the router in XLA before the one launch, which
+runs the shared expert too (as wide as a routed expert); at EP > 1 impl='fused'
+raises NotImplementedError. moe_backward has
 no kernel: the layer (kosmos_jax.moe.moe_layer) runs its twin on the fused forward's
 residuals, so jax.grad works under impl='fused' (forward fused, backward twin); asked
 for directly with impl='fused', moe_backward raises. The fused moe_forward is not

@@ -314,10 +314,12 @@ def experts_backward(dyr, xr, h1, w1, w2, precision=None):
 
 def shared_forward(x, sw1, sw2, precision=None):
   """Always-on SwiGLU expert on the local tokens (sw1 [h, 2I_s] flattened gate|up):
-  (pre-activations, fp32 output)."""
+  (pre-activations, output), both in x.dtype: its output rows are rounded as every
+  routed expert's are, and the layer folds them in fp32 after the routed rows (the
+  megakernel's fold adds the shared expert's row as one more slot of weight 1)."""
   hs = jnp.einsum("th,hf->tf", x, sw1, preferred_element_type=F32, precision=precision).astype(x.dtype)
   return hs, jnp.einsum("ti,ih->th", _swiglu(hs).astype(x.dtype), sw2, preferred_element_type=F32,
-                        precision=precision)
+                        precision=precision).astype(x.dtype)
 
 
 def shared_backward(dy, x, hs, sw1, sw2, precision=None):
@@ -426,7 +428,7 @@ def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=Non
   hs = None
   if shared_gate_up is not None:
     hs, ys = shared_forward(x, _flat(shared_gate_up), shared_down, precision)
-    y = y + ys
+    y = y + ys.astype(F32)
   res = MoEResiduals(x, routing, layout, xr, h1, rows if output_gated else None, hs)
   return y.astype(x.dtype), aux, res
 

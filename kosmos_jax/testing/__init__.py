@@ -11,9 +11,10 @@ module of `kosmos_jax.ops`.
   fake_fused()     stand-in fused kernels for CPU tests of the dispatch
   fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
   moe_forward_kernel()  the fused MoE forward's launch alone, on given routing:
-                   (y, y_rows, pair_row); moe_arena_rows() / moe_workspace_bytes()
-                   its R and W; moe_forward_built() whether its target is compiled;
-                   moe_forward_xla_part() what the fused forward runs in XLA around it
+                   (y, y_rows, pair_row, hs); moe_arena_rows() / moe_shared_rows() /
+                   moe_workspace_bytes() its R, S and W; moe_forward_built() whether
+                   its target is compiled; moe_forward_xla_part() what the fused
+                   forward runs in XLA before it (the routing)
   grouped_gemm     the MoE expert GEMMs alone (`kosmos_grouped_gemm`): the MoE
                    benchmark's floor (kosmos_jax/testing/grouped_gemm.py)
 """
@@ -45,20 +46,23 @@ def moe_forward_built() -> bool:
 
 
 moe_arena_rows = _fused_moe.arena_rows
+moe_shared_rows = _fused_moe.shared_rows
 moe_forward_xla_part = _fused_moe.xla_part
 moe_workspace_bytes = _fused_moe.workspace_bytes
 MOE_TILE_ROWS = _fused_moe.TILE_ROWS
 
 
-def moe_forward_kernel(x, indices, weights, w1, w2, y0=None, *, input_gating: bool, cu_cap=None,
+def moe_forward_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gating: bool, cu_cap=None,
                        launch: MoeLaunch | None = None):
   """The fused MoE forward's launch alone (EP = 1, any jit or shard_map context), on
   routing made elsewhere: x [t, h] bf16, indices [t, k] int32, weights [t, k] f32,
-  w1 [E, h, 2I] and w2 [E, I, h] bf16, y0 [t, h] f32 (the shared expert's output, added
-  in the fold) or None. Returns (y [t, h], y_rows [R, h], pair_row [t, k]): every
-  pair's expert output row in arena order, and where pair (token, slot) is."""
-  return _fused_moe.launch_kernel(x, indices, weights, w1, w2, y0, input_gating=input_gating, cu_cap=cu_cap,
-                                  launch=launch or MoeLaunch())
+  w1 [E, h, 2I] and w2 [E, I, h] bf16, sw1 [h, 2I] and sw2 [I, h] bf16 (the shared
+  expert's, run in the launch and folded after the routed rows) or None. Returns
+  (y [t, h], y_rows [R + S, h], pair_row [t, k], hs [t, 2I] or None): every pair's
+  expert output row in arena order (then the shared expert's S rows, token order),
+  where pair (token, slot) is, and the shared expert's bf16 pre-activations."""
+  return _fused_moe.launch_kernel(x, indices, weights, w1, w2, sw1, sw2, input_gating=input_gating,
+                                  cu_cap=cu_cap, launch=launch or MoeLaunch())
 
 
 def builder_runs() -> dict[str, dict[str, int]]:

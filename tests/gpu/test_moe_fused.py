@@ -52,7 +52,7 @@ KINDS = {
                          norm_topk_prob=True, aux_loss_coeff=0.01),
     "deepseek": MoEConfig(num_experts=32, top_k=4, hidden=256, expert_intermediate=128, score="sigmoid",
                           norm_topk_prob=True, n_groups=4, topk_groups=2, route_scale=2.5, use_expert_bias=True,
-                          aux_loss_coeff=0.01, shared_expert_intermediate=256),
+                          aux_loss_coeff=0.01, shared_expert_intermediate=128),
     "llama4": MoEConfig(num_experts=8, top_k=1, hidden=256, expert_intermediate=256, score="sigmoid",
                         gating="input", shared_expert_intermediate=256),
 }
@@ -118,17 +118,17 @@ def _run(cfg, impl, x, p, **kw):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(cfg, cu_cap=None, launch=None):
-  """Jitted launch alone on the twin's routing: (y, y_rows, pair_row, indices, weights)."""
+  """Jitted launch alone on the twin's routing: (y, y_rows, pair_row, indices, weights,
+  hs), hs None without a shared expert."""
   e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
 
   def f(x, router_w, gate_up, down, bias, shared_gate_up, shared_down):
     r = route(x, router_w, cfg, bias)
-    y0 = None
-    if shared_gate_up is not None:
-      y0 = ref_moe.shared_forward(x, shared_gate_up.reshape(h, -1), shared_down)[1]
-    y, y_rows, pair_row = moe_forward_kernel(x, r.indices, r.weights, gate_up.reshape(e, h, 2 * i), down, y0,
-                                             input_gating=cfg.gating == "input", cu_cap=cu_cap, launch=launch)
-    return y, y_rows, pair_row, r.indices, r.weights
+    sw1 = None if shared_gate_up is None else shared_gate_up.reshape(h, -1)
+    y, y_rows, pair_row, hs = moe_forward_kernel(x, r.indices, r.weights, gate_up.reshape(e, h, 2 * i), down, sw1,
+                                                 shared_down, input_gating=cfg.gating == "input", cu_cap=cu_cap,
+                                                 launch=launch)
+    return y, y_rows, pair_row, r.indices, r.weights, hs
 
   return jax.jit(f)
 
@@ -200,6 +200,15 @@ def test_counts_the_engine_it_ran():
   assert ran == {"sm90": int(_engine() == "sm90"), "portable": int(_engine() == "portable")}, ran
 
 
+def _owned(cfg, t, pair_row):
+  """The rows of y_rows the launch owns: every pair's, then the shared expert's t."""
+  own = np.asarray(pair_row).ravel()
+  if cfg.shared_expert_intermediate:
+    r = moe_arena_rows(t, cfg.top_k, cfg.num_experts)
+    own = np.concatenate([own, np.arange(r, r + t)])
+  return own
+
+
 # The portable builders on a Hopper GPU: a fresh interpreter under
 # KOSMOS_FUSED_BUILDERS=portable runs this module's checks on its small shapes.
 _PORTABLE_CHILD = """
@@ -218,10 +227,12 @@ for kind in sorted(T.KINDS):
   y_rows, pair_row, idx, w = full[1], full[2], full[3], full[4]
   got = jnp.asarray(y_rows)[jnp.asarray(pair_row)]
   out['errs'][kind].append(rel_err(got, T._pair_outputs(cfg, x, p, idx, w)))
+  if cfg.shared_expert_intermediate:
+    out['errs'][kind] += T._shared_errs(cfg, x, p, full)
   try:
     T._check_pair_rows(cfg, t, idx, pair_row, stable=True)
-    for name, a, b in zip(('y', 'y_rows', 'pair_row'), full[:3], one[:3]):
-      T._assert_bits(a, b, f'{kind} {name} cu_cap=1 vs full grid', rows=(name == 'y_rows', pair_row))
+    for name, a, b in zip(('y', 'y_rows', 'pair_row', 'hs'), full[:3] + full[5:], one[:3] + one[5:]):
+      T._assert_bits(a, b, f'{kind} {name} cu_cap=1 vs full grid', rows=(name == 'y_rows', T._owned(cfg, t, pair_row)))
     out['bits'][kind] = ''
   except AssertionError as e:
     out['bits'][kind] = str(e)
@@ -257,18 +268,42 @@ def test_launch_outputs(kind):
   pair's expert output there; y is finite."""
   cfg, t = KINDS[kind], 300
   p, x = _params(cfg), _tokens(cfg, t)
-  y, y_rows, pair_row, idx, w = _launch(cfg, x, p)
+  y, y_rows, pair_row, idx, w, _ = _launch(cfg, x, p)
   assert np.all(np.isfinite(np.asarray(y, np.float32))), "y has NaN/Inf (unwritten or poisoned)"
   _check_pair_rows(cfg, t, idx, pair_row)
   got = jnp.asarray(y_rows)[jnp.asarray(pair_row)]
   assert_close(got, _pair_outputs(cfg, x, p, idx, w), BF16, rtol=TWIN_RTOL, what=f"{kind} y_rows[pair_row]")
 
 
+def _shared_errs(cfg, x, p, out):
+  """Relative errors of the launch's shared expert rows (y_rows past the arena) and
+  pre-activations hs against the twin's shared_forward."""
+  t, h = x.shape
+  hs_want, ys_want = ref_moe.shared_forward(x, p["shared_gate_up"].reshape(h, -1), p["shared_down"])
+  r = moe_arena_rows(t, cfg.top_k, cfg.num_experts)
+  return [rel_err(jnp.asarray(out[1])[r:r + t], ys_want), rel_err(out[5], hs_want)]
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "llama4"])
+@pytest.mark.parametrize("t", [512, 300])
+def test_shared_expert_in_the_launch(kind, t):
+  """The shared expert's tiles: its output rows (y_rows past the arena, token order)
+  and its bf16 pre-activations (hs, the backward's residual) against the twin's
+  shared_forward, every element written (poisoned outputs would be NaN)."""
+  cfg = KINDS[kind]
+  p, x = _params(cfg), _tokens(cfg, t)
+  out = _launch(cfg, x, p)
+  hs = np.asarray(out[5], np.float32)
+  assert hs.shape == (t, 2 * cfg.expert_intermediate) and np.all(np.isfinite(hs)), "hs unwritten"
+  errs = _shared_errs(cfg, x, p, out)
+  assert max(errs) <= TWIN_RTOL, f"{kind} t={t}: shared rows, hs rel. errors {errs} > {TWIN_RTOL:.1e}"
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_pair_rows_follow_the_stable_plan(kind):
   cfg, t = KINDS[kind], 512
   p, x = _params(cfg), _tokens(cfg, t)
-  _, _, pair_row, idx, _ = _launch(cfg, x, p)
+  _, _, pair_row, idx, _, _ = _launch(cfg, x, p)
   _check_pair_rows(cfg, t, idx, pair_row, stable=True)
 
 
@@ -295,12 +330,16 @@ def test_cu_cap_same_bits(kind, cap):
   full = _launch(cfg, x, p)
   capped = _launch(cfg, x, p, cu_cap=cap)
   assert_close(capped[0], _run(cfg, "reference", x, p)[0], BF16, rtol=TWIN_RTOL, what=f"{kind} cap={cap} vs twin")
-  for name, a, b in zip(("y", "y_rows", "pair_row"), full[:3], capped[:3]):
-    _assert_bits(a, b, f"{kind} {name} cu_cap={cap} vs full grid", rows=(name == "y_rows", full[2]))
+  for name, a, b in zip(("y", "y_rows", "pair_row", "hs"), full[:3] + full[5:], capped[:3] + capped[5:]):
+    _assert_bits(a, b, f"{kind} {name} cu_cap={cap} vs full grid", rows=(name == "y_rows", _owned(cfg, t, full[2])))
 
 
 def _assert_bits(a, b, what, rows=(False, None)):
-  """Bitwise equality; for y_rows only the rows pairs own (padding rows are scratch)."""
+  """Bitwise equality; for y_rows only the rows the launch owns (_owned: padding rows
+  are scratch). None (no shared expert's hs) equals None."""
+  if a is None or b is None:
+    assert a is None and b is None, f"{what}: one is None"
+    return
   a, b = np.asarray(a), np.asarray(b)
   if rows[0]:
     own = np.asarray(rows[1]).ravel()
@@ -316,8 +355,8 @@ def test_two_runs_bitwise_equal(kind):
   cfg, t = KINDS[kind], 512
   p, x = _params(cfg), _tokens(cfg, t)
   a, b = _launch(cfg, x, p), _launch(cfg, x, p)
-  for name, u, v in zip(("y", "y_rows", "pair_row"), a[:3], b[:3]):
-    _assert_bits(u, v, f"{kind} {name} run 2 vs run 1", rows=(name == "y_rows", a[2]))
+  for name, u, v in zip(("y", "y_rows", "pair_row", "hs"), a[:3] + a[5:], b[:3] + b[5:]):
+    _assert_bits(u, v, f"{kind} {name} run 2 vs run 1", rows=(name == "y_rows", _owned(cfg, t, a[2])))
   ya, yb = _run(cfg, "fused", x, p)[0], _run(cfg, "fused", x, p)[0]
   _assert_bits(ya, yb, f"{kind} ops.moe_forward y run 2 vs run 1")
 
@@ -330,8 +369,8 @@ def test_launch_knobs_same_bits(kind, launch):
   cfg, t = KINDS[kind], 512
   p, x = _params(cfg), _tokens(cfg, t)
   base, knob = _launch(cfg, x, p), _launch(cfg, x, p, launch=launch)
-  for name, u, v in zip(("y", "y_rows", "pair_row"), base[:3], knob[:3]):
-    _assert_bits(u, v, f"{kind} {name} {launch} vs default", rows=(name == "y_rows", base[2]))
+  for name, u, v in zip(("y", "y_rows", "pair_row", "hs"), base[:3] + base[5:], knob[:3] + knob[5:]):
+    _assert_bits(u, v, f"{kind} {name} {launch} vs default", rows=(name == "y_rows", _owned(cfg, t, base[2])))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -340,7 +379,7 @@ def test_skewed_routing_never_drops(kind):
   dropless fallback): every pair still has its row and its expert output."""
   cfg, t = KINDS[kind], 512
   p, x = _params(cfg, skew=True), _tokens(cfg, t, skew=True)
-  _, y_rows, pair_row, idx, w = _launch(cfg, x, p)
+  _, y_rows, pair_row, idx, w, _ = _launch(cfg, x, p)
   counts = np.bincount(np.asarray(idx).ravel(), minlength=cfg.num_experts)
   assert counts.max() > cfg.capacity(t), f"test setup: not skewed past the capacity ({counts.max()})"
   _check_pair_rows(cfg, t, idx, pair_row)

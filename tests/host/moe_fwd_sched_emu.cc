@@ -4,7 +4,8 @@
 // guarantees) with random delays, several epochs back to back per rank (ranks
 // drift apart), routings that change from epoch to epoch: balanced, skewed,
 // every token to the same k experts (k = 1: one expert), every token to one
-// rank's experts (the other ranks get no rows at all).
+// rank's experts (the other ranks get no rows at all); with and without a
+// shared expert (row blocks past the arenas, every token, weight 1).
 // The work is real, on small integer-valued floats (every sum exact, so any
 // order gives the same bits): route copies the epoch's routing and histograms
 // it, plan_scan / plan_scatter / moe_build_layout place the rows, the "GEMM1"
@@ -62,10 +63,16 @@ enum Routing { kBalanced, kSkewed, kHot, kOneRank };
 struct Case {
   int ep, W, movers, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity, epochs, max_delay_us;
   std::vector<Routing> routings;  // epoch i routes with routings[i % size]
+  bool shared = false;            // a shared expert: model expert E, row blocks from moe_max_row_blocks
   int H() const { return nt2; }   // one element per emulated column block
   int I() const { return nt1; }
   int E() const { return ep * e_local; }
-  MoeFwdShape shape(int rank) const { return {ep, rank, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity}; }
+  MoeFwdShape shape(int rank) const {
+    // Bands of 1-3 row blocks in the build queue's tile order, varied over the cases.
+    MoeFwdShape s{ep, rank, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity, 0, 0, 1 + (W + t) % 3};
+    if (shared) s.shared_rb0 = moe_max_row_blocks(s), s.shared_blocks = moe_cdiv(t, tile_m);
+    return s;
+  }
 };
 
 // Token i of rank r in epoch it: k distinct experts (a router's top-k), in slot order.
@@ -86,11 +93,11 @@ std::vector<int> route_token_of(const Case& c, int it, int r, int i) {
   return out;
 }
 
-// Model weights (per case) and one rank's inputs of an epoch.
+// Model weights (per case; expert E is the shared one) and one rank's inputs of an epoch.
 struct Model {
-  std::vector<float> w1g, w1u, w2;  // [E][H][I], [E][H][I], [E][I][H]
+  std::vector<float> w1g, w1u, w2;  // [E + 1][H][I], [E + 1][H][I], [E + 1][I][H]
   explicit Model(const Case& c) {
-    const size_t n = (size_t)c.E() * c.H() * c.I();
+    const size_t n = (size_t)(c.E() + 1) * c.H() * c.I();
     for (size_t i = 0; i < n; ++i) {
       w1g.push_back(small(hash({1, i}), -2, 2));
       w1u.push_back(small(hash({2, i}), -2, 2));
@@ -147,8 +154,14 @@ uint64_t tag_epoch(uint64_t tag) { return tag >> 40; }
 
 constexpr int kFlags = kMoeFlags, kQueues = 5;
 
+// Row blocks with GEMM flags: every arena's, then the shared expert's.
+int row_blocks(const MoeFwdShape& s) {
+  return s.shared_blocks > 0 ? s.shared_rb0 + s.shared_blocks : moe_max_row_blocks(s);
+}
+
+
 struct Arena {
-  std::vector<float> x, act, y;      // [rows][H], [rows][I], [rows][H]
+  std::vector<float> x, act, y;      // [rows][H], [rows][I], [rows][H] (the shared expert's: x unused)
   std::vector<uint64_t> tag;         // [rows] (epoch, source) of the dispatched row
   std::vector<uint64_t> act_e, y_e;  // [rows][I], [rows][H] epoch each element was computed in
   Arena(int rows, int H, int I)
@@ -167,18 +180,20 @@ struct Rank {
   std::vector<float> w;
   std::unique_ptr<MoeLayout> layout{new MoeLayout()};
   Arena arena[2];                       // capped, dropless
+  Arena shared;                         // the shared expert's rows (s.shared_blocks * tile_m)
   std::vector<float> ret, out;          // [t*k][H] return buffer, [t][H] fold output
   std::vector<uint64_t> ret_tag;        // [t*k]
   // Per epoch: runs of each queue item, releases of each flag (at home * size + i), scans.
   std::vector<uint32_t> ran[kQueues], released[kFlags];
   uint32_t scans = 0;
   Rank(const Case& c, const MoeFwdShape& s)
-      : parts(c.E()), g1(moe_max_row_blocks(s)), g2(moe_max_row_blocks(s)), table((size_t)c.ep * c.E()),
+      : parts(c.E()), g1(row_blocks(s)), g2(row_blocks(s)), table((size_t)c.ep * c.E()),
         idx(c.t * c.k), hist((size_t)moe_blocks(s) * c.E()), counts(c.E()), start1(c.E() + 1), pos(c.t * c.k),
         order(c.t * c.k), w(c.t * c.k),
         arena{Arena(moe_arena_rows(s, false), c.H(), c.I()), Arena(moe_arena_rows(s, true), c.H(), c.I())},
-        ret((size_t)c.t * c.k * c.H()), out((size_t)c.t * c.H()), ret_tag(c.t * c.k) {
-    const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), moe_max_row_blocks(s), moe_max_row_blocks(s), c.E()};
+        shared(s.shared_blocks * s.tile_m, c.H(), c.I()), ret((size_t)c.t * c.k * c.H()), out((size_t)c.t * c.H()),
+        ret_tag(c.t * c.k) {
+    const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), row_blocks(s), row_blocks(s), c.E()};
     for (int f = 0; f < kFlags; ++f) {
       flags[f].assign(sizes[f], 0);
       released[f].assign((size_t)c.ep * sizes[f], 0);
@@ -322,10 +337,35 @@ struct HostOps {
   }
   int build(const MoeLayout& L, int most) { return moe_build_serial(*this, MoeBuilds<HostOps>{*this, s, L}, most); }
   int build_index(const MoeTile& t) {
-    return t.gemm == 1 ? t.rb * c.nt1 + t.n : moe_n_gemm1(s, layout()) + t.rb * c.nt2 + t.n;
+    const int j = moe_build_index(s, layout(), t);
+    const MoeTile back = moe_build_item(s, layout(), j);
+    EMU_CHECK(back.gemm == t.gemm && back.rb == t.rb && back.x == t.x && back.n == t.n,
+              "rank %d: build item %d is not tile (%d, %d, %d, %d)", rank, j, t.gemm, t.rb, t.x, t.n);
+    return j;
+  }
+  // The shared expert's GEMM1: x's token rows (tokens past t: padding, never read).
+  void shared_gemm1(const MoeTile& t) {
+    Arena& a = me().shared;
+    const int H = c.H(), I = c.I();
+    for (int i = 0; i < c.tile_m; ++i) {
+      const int row = (t.rb - s.shared_rb0) * c.tile_m + i;
+      float v = NAN;
+      if (row < c.t) {
+        std::vector<float> act(I), y(H);
+        model.expert(c, c.E(), &in.x[(size_t)row * H], act.data(), y.data());
+        v = act[t.n];
+      }
+      a.act[(size_t)row * I + t.n] = v;
+      __atomic_store_n(&a.act_e[(size_t)row * I + t.n], e, __ATOMIC_RELAXED);
+    }
   }
   void gemm1(const MoeTile& t) {
     ran(MoeQueue::kBuild, build_index(t));
+    if (t.x == c.e_local) {
+      shared_gemm1(t);
+      jitter();
+      return;
+    }
     Arena& a = arena();
     const int H = c.H(), I = c.I(), ge = rank * c.e_local + t.x;
     for (int i = 0; i < c.tile_m; ++i) {
@@ -347,11 +387,12 @@ struct HostOps {
   }
   void gemm2(const MoeTile& t) {
     ran(MoeQueue::kBuild, build_index(t));
-    Arena& a = arena();
-    const int H = c.H(), I = c.I(), ge = rank * c.e_local + t.x;
+    const bool sh = t.x == c.e_local;
+    Arena& a = sh ? me().shared : arena();
+    const int H = c.H(), I = c.I(), ge = sh ? c.E() : rank * c.e_local + t.x;
     EMU_CHECK(seen(MoeFlag::kGemm1, t.rb), "rank %d: GEMM2 of row block %d before its GEMM1", rank, t.rb);
     for (int i = 0; i < c.tile_m; ++i) {
-      const int row = t.rb * c.tile_m + i;
+      const int row = (sh ? t.rb - s.shared_rb0 : t.rb) * c.tile_m + i;
       float acc = 0;
       for (int n = 0; n < I; ++n) {
         EMU_CHECK(__atomic_load_n(&a.act_e[(size_t)row * I + n], __ATOMIC_RELAXED) == e,
@@ -386,9 +427,16 @@ struct HostOps {
   }
   void fold(int item, int first, int last) {
     ran(MoeQueue::kFold, item);
-    const int H = c.H(), k = c.k;
+    const int H = c.H(), k = c.k, slots = k + (s.shared_blocks > 0);
     for (int i = first; i < last; ++i) {
-      std::vector<const float*> rows(k);
+      std::vector<const float*> rows(slots);
+      std::vector<float> w(me().w.begin() + (size_t)i * k, me().w.begin() + (size_t)(i + 1) * k);
+      if (slots > k) {  // the shared expert's row, weight 1
+        EMU_CHECK(seen(MoeFlag::kGemm2, s.shared_rb0 + i / c.tile_m) && y_done(me().shared, i),
+                  "rank %d epoch %llu: fold of token %d before its shared expert row", rank, (unsigned long long)e, i);
+        rows[k] = &me().shared.y[(size_t)i * H];
+        w.push_back(1.f);
+      }
       for (int j = 0; j < k; ++j) {
         const int p = i * k + j, ex = me().idx[p];
         const MoeRowRef ref = moe_pair_row(s, layout(), me().start1.data(), ex, me().pos[p]);
@@ -404,7 +452,7 @@ struct HostOps {
         EMU_CHECK(ok, "rank %d epoch %llu: fold of token %d slot %d (expert %d) before its row returned", rank,
                   (unsigned long long)e, i, j, ex);
       }
-      moe_fold_token(k, &me().w[(size_t)i * k], H, 0, 1, [&](int j, int m) { return rows[j][m]; },
+      moe_fold_token(slots, w.data(), H, 0, 1, [&](int j, int m) { return rows[j][m]; },
                      [&](int m, float v) { me().out[(size_t)i * H + m] = v; });
     }
     jitter();
@@ -444,10 +492,12 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
                 "returned %u times", rank, x, d, row_n, rel(MoeFlag::kReturned, d, i));
     }
   }
-  for (int rb = 0; rb < (int)r.flags[(int)MoeFlag::kGemm1].size(); ++rb)
-    EMU_CHECK(rel(MoeFlag::kGemm1, rank, rb) == (rb < nrb) && rel(MoeFlag::kGemm2, rank, rb) == (rb < nrb),
+  for (int rb = 0; rb < (int)r.flags[(int)MoeFlag::kGemm1].size(); ++rb) {
+    const bool used = rb < nrb || (s.shared_blocks > 0 && rb >= s.shared_rb0);
+    EMU_CHECK(rel(MoeFlag::kGemm1, rank, rb) == used && rel(MoeFlag::kGemm2, rank, rb) == used,
               "rank %d: row block %d released %u/%u times", rank, rb, rel(MoeFlag::kGemm1, rank, rb),
               rel(MoeFlag::kGemm2, rank, rb));
+  }
   std::vector<float> act(c.I()), y(c.H()), want(c.H());
   for (int i = 0; i < c.t; ++i) {
     std::fill(want.begin(), want.end(), 0.f);
@@ -456,6 +506,10 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
       EMU_CHECK(in.idx[p] >= 0 && in.idx[p] < E, "bad expert");
       model.expert(c, in.idx[p], &in.x[(size_t)i * c.H()], act.data(), y.data());
       for (int m = 0; m < c.H(); ++m) want[m] += in.w[p] * y[m];
+    }
+    if (c.shared) {
+      model.expert(c, c.E(), &in.x[(size_t)i * c.H()], act.data(), y.data());
+      for (int m = 0; m < c.H(); ++m) want[m] += y[m];
     }
     for (int m = 0; m < c.H(); ++m)
       EMU_CHECK(r.out[(size_t)i * c.H() + m] == want[m], "ep=%d W=%d rank %d epoch %llu: token %d out[%d] = %g, "
@@ -471,8 +525,8 @@ void run_rank(const Case& c, const Model& model, Ranks& ranks, int rank, unsigne
     Rank& r = *ranks[rank];
     const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
     const Inputs in(c, it, rank);
-    const int sizes[kQueues] = {moe_n_front(s), moe_n_move(s), moe_max_row_blocks(s) * (c.nt1 + c.nt2), 0,
-                                moe_n_fold(s)};
+    const int sizes[kQueues] = {moe_n_front(s), moe_n_move(s),
+                                (moe_max_row_blocks(s) + s.shared_blocks) * (c.nt1 + c.nt2), 0, moe_n_fold(s)};
     for (int q = 0; q < kQueues; ++q) r.ran[q].assign(sizes[q], 0);
     for (auto& v : r.released) std::fill(v.begin(), v.end(), 0u);
     r.scans = 0;
@@ -522,6 +576,13 @@ int main() {
   cases.push_back({8, 2, 2, 13, 2, 4, 3, 4, 2, 3, 2, 13, 3, 5, all});
   cases.push_back({2, 1, 1, 12, 2, 3, 3, 4, 2, 2, 2, 3, 8, 0, all});  // one CTA, no delays: tight interleavings
   cases.push_back({4, 3, 2, 12, 2, 3, 3, 4, 2, 2, 2, 3, 6, 0, all});
+  // A shared expert: EP = 1 (the kernel's), one CTA, tiles across plan blocks,
+  // t not a multiple of the tile, k = 1, and EP > 1.
+  cases.push_back({1, 3, 1, 13, 2, 4, 3, 4, 2, 3, 2, 13, 5, 20, all, true});
+  cases.push_back({1, 1, 1, 10, 1, 3, 4, 4, 2, 2, 2, 10, 4, 0, all, true});
+  cases.push_back({1, 5, 2, 17, 3, 5, 6, 3, 3, 2, 3, 17, 4, 10, all, true});
+  cases.push_back({2, 3, 1, 11, 2, 4, 3, 4, 2, 3, 2, 5, 4, 20, all, true});
+  cases.push_back({4, 2, 1, 9, 2, 2, 2, 2, 2, 2, 1, 3, 4, 10, all, true});
   unsigned seed = 1;
   for (const Case& c : cases) {
     for (int r = 0; r < c.ep; ++r) EMU_CHECK(moe_fwd_shape_ok(c.shape(r)), "ep=%d: shape refused", c.ep);

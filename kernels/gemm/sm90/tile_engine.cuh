@@ -62,8 +62,8 @@ struct TileEngine {
 
   // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks may
   // name another A (kSplitA a_source: [a_rows, K] in parameter space, at tile row
-  // a_tile_m), B's first k-block (kGroupedB) or B's two half-blocks (kSplitB);
-  // one load loop: 40 registers.
+  // a_tile_m), another B (kBSource b_source), B's first k-block (kGroupedB) or
+  // B's two half-blocks (kSplitB); one load loop: 40 registers.
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
     const typename P::TmaA* a = &p.tma_a;
     int a_rows = p.M, a_tile_m = t.m;
@@ -71,19 +71,24 @@ struct TileEngine {
       int r = 0, m = 0;
       if (const typename P::TmaA* other = h.a_source(t, &r, &m)) a = other, a_rows = r, a_tile_m = m;
     }
+    const typename P::TmaB* b = &p.tma_b;
+    if constexpr (gemm::sources_b_v<Hooks>) {
+      if (const typename P::TmaB* other = h.b_source(t)) b = other;
+    }
     int b_kb0 = 0, b_lo = 0, b_hi = 0;
     if constexpr (gemm::groups_b_v<Hooks>) b_kb0 = h.b_kblock0(t);
     const typename P::TmaBHalf* b_half = nullptr;
     if constexpr (gemm::splits_b_v<Hooks>) b_half = h.b_halves(t, &b_lo, &b_hi);
     const typename P::TmaA& tma_a = *a;
+    const typename P::TmaB& tma_b = *b;
     Tensor gA =
         local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
-    Tensor gB = local_tile(p.tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
+    Tensor gB = local_tile(tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
     // (TMA, k-block) sources and (TMA, stage) destinations.
     auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-    auto [tBg, tBs] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+    auto [tBg, tBs] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     h.before_tile(t);
     const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
     for (int k = 0; k < kblocks; ++k) {
@@ -94,7 +99,7 @@ struct TileEngine {
       if constexpr (gemm::splits_b_v<Hooks>) {
         load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_kb0 + k);
       } else {
-        copy(p.tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
+        copy(tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
       }
       ring.advance(kStages);
     }
