@@ -108,7 +108,7 @@ struct MoePortableOps : MoeLocalOps {
 
   // Up to `most` tiles of the build queue (< 0: until it is empty), one at a time.
   KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
-    return moe_build_serial(*this, MoeBuilds<MoePortableOps>{*this, s(), L}, most);
+    return moe_build_serial(MoeBuilds<MoePortableOps>{*this, s(), L}, most);
   }
   // One tile (a build span per tile: the Hopper engine's are per pass).
   KOSMOS_DEVICE void gemm1(const MoeTile& t) {

@@ -1,6 +1,8 @@
 // The MoE forward megakernel's schedule (paper §3.3.1, Figure 6), plain
 // host/device code: the GPU kernel and the CPU emulation
-// (tests/host/moe_fwd_sched_emu.cc) run moe_fwd_cta over different `Ops`.
+// (tests/host/moe_fwd_sched_emu.cc) run moe_fwd_cta over different `Ops`. The
+// backward runs the same CTA life with a build queue of its own
+// (moe/bwd_queues.h).
 // Shapes, arenas, capacity and the layout: moe/fwd_layout.h; the items of each
 // queue: moe/fwd_queues.h. Queues of one rank, in the order CTAs take them:
 //
@@ -176,16 +178,21 @@ struct MoeBuilds {
       if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
     }
   }
+  // The tile's work, for moe_build_serial: `Ops` supplies gemm1(t) / gemm2(t).
+  KOSMOS_MOE_INLINE void run(const MoeTile& t) {
+    if (t.gemm == 1) ops.gemm1(t); else ops.gemm2(t);
+  }
 };
 
-// Up to `most` tiles (< 0: until the queue is empty) one at a time; returns how
-// many ran. `Ops` supplies gemm1(t) / gemm2(t) beside the control words.
-template <class Ops>
-KOSMOS_MOE_INLINE int moe_build_serial(Ops& ops, MoeBuilds<Ops> b, int most) {
+// Up to `most` tiles of a build queue (MoeBuilds, or the backward's
+// MoeBwdBuilds: moe/bwd_queues.h) one at a time (< 0: until it is empty);
+// returns how many ran.
+template <class Builds>
+KOSMOS_MOE_INLINE int moe_build_serial(Builds b, int most) {
   int n = 0;
   for (MoeTile t; (most < 0 || n < most) && b.next(&t); ++n) {
     b.start(t);
-    if (t.gemm == 1) ops.gemm1(t); else ops.gemm2(t);
+    b.run(t);
     b.done(t);
   }
   return n;

@@ -1,5 +1,6 @@
-// CPU emulation of the MoE forward schedule: kernels/moe/fwd_sched.h (the one
-// CTA life, moe_fwd_cta), plan.h, queue.h, sync.h compiled for the host and
+// CPU emulation of the MoE schedules: kernels/moe/fwd_sched.h (the one CTA
+// life, moe_fwd_cta) with the forward's build queue and with the backward's
+// (moe/bwd_queues.h), plan.h, queue.h, sync.h compiled for the host and
 // driven by ep ranks x W threads ("CTAs", all resident, as the launcher
 // guarantees) with random delays, several epochs back to back per rank (ranks
 // drift apart), routings that change from epoch to epoch: balanced, skewed,
@@ -11,7 +12,11 @@
 // it, plan_scan / plan_scatter / moe_build_layout place the rows, the "GEMM1"
 // is gate * up of x with per-expert weights, the "GEMM2" a product with a
 // second weight, and the fold's output must equal a direct per-token
-// computation: the layout, the offsets and the modes are right.
+// computation: the layout, the offsets and the modes are right. Backward: the
+// same plan, dispatch of (w * dY, x) rows, "dgrad2" (dact = dY W2^T, then the
+// stand-in SwiGLU's backward: d gate = dact * up, d up = dact * gate), "dgrad1"
+// (dX rows), the weight gradients of every local expert (all ranks' rows) and
+// of the shared expert, the dX combine and fold, all against direct sums.
 // Checks: every queue item runs exactly once per epoch and every flag is
 // released once (units without rows: never); a GEMM1 tile reads only rows
 // dispatched this epoch from sources whose arrival it saw; a GEMM2 row block
@@ -33,6 +38,7 @@
 
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
+#include "moe/bwd_queues.h"
 #include "moe/fwd_sched.h"
 
 #include "emu_check.h"
@@ -64,6 +70,7 @@ struct Case {
   int ep, W, movers, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity, epochs, max_delay_us;
   std::vector<Routing> routings;  // epoch i routes with routings[i % size]
   bool shared = false;            // a shared expert: model expert E, row blocks from moe_max_row_blocks
+  bool backward = false;          // the backward's build queue and work (main runs every case both ways)
   int H() const { return nt2; }   // one element per emulated column block
   int I() const { return nt1; }
   int E() const { return ep * e_local; }
@@ -104,6 +111,35 @@ struct Model {
       w2.push_back(small(hash({3, i}), -2, 2));
     }
   }
+  // Gate and up [I] of row x[H] through expert e.
+  void gate_up(const Case& c, int e, const float* x, float* g, float* u) const {
+    const int H = c.H(), I = c.I();
+    for (int n = 0; n < I; ++n) {
+      g[n] = u[n] = 0;
+      for (int h = 0; h < H; ++h) {
+        g[n] += x[h] * w1g[((size_t)e * H + h) * I + n];
+        u[n] += x[h] * w1u[((size_t)e * H + h) * I + n];
+      }
+    }
+  }
+  // The backward of expert() on row x for output gradient dy[H]: act, d gate,
+  // d up [I] and the row's input gradient dx[H].
+  void expert_bwd(const Case& c, int e, const float* x, const float* dy, float* act, float* dg, float* du,
+                  float* dx) const {
+    const int H = c.H(), I = c.I();
+    std::vector<float> g(I), u(I);
+    gate_up(c, e, x, g.data(), u.data());
+    for (int n = 0; n < I; ++n) {
+      float da = 0;
+      for (int m = 0; m < H; ++m) da += dy[m] * w2[((size_t)e * I + n) * H + m];
+      act[n] = g[n] * u[n], dg[n] = da * u[n], du[n] = da * g[n];
+    }
+    for (int h = 0; h < H; ++h) {
+      dx[h] = 0;
+      for (int n = 0; n < I; ++n)
+        dx[h] += dg[n] * w1g[((size_t)e * H + h) * I + n] + du[n] * w1u[((size_t)e * H + h) * I + n];
+    }
+  }
   // act[I] of row x[H] through expert e (gate * up: SwiGLU's integer stand-in), then y[H].
   void expert(const Case& c, int e, const float* x, float* act, float* y) const {
     const int H = c.H(), I = c.I();
@@ -124,16 +160,19 @@ struct Model {
 };
 
 struct Inputs {
-  std::vector<int> idx;    // [t * k]
-  std::vector<float> w, x;  // [t * k] router weights, [t * H] tokens
+  std::vector<int> idx;         // [t * k]
+  std::vector<float> w, x, dy;  // [t * k] router weights, [t * H] tokens, [t * H] output gradients
   Inputs(const Case& c, int it, int r) {
     for (int i = 0; i < c.t; ++i) {
       for (int e : route_token_of(c, it, r, i)) idx.push_back(e);
       const uint64_t at = hash({(uint64_t)it, (uint64_t)r, (uint64_t)i});
       for (int j = 0; j < c.k; ++j) w.push_back(small(hash({4, at, (uint64_t)j}), -3, 3));
       for (int h = 0; h < c.H(); ++h) x.push_back(small(hash({5, at, (uint64_t)h}), -3, 3));
+      for (int h = 0; h < c.H(); ++h) dy.push_back(small(hash({6, at, (uint64_t)h}), -3, 3));
     }
   }
+  // Pair p's dispatched output gradient (output gating: w * dY).
+  float dy_row(const Case& c, int p, int h) const { return w[p] * dy[(size_t)(p / c.k) * c.H() + h]; }
 };
 
 // Whether some (source, expert) count of epoch it exceeds the capacity: the
@@ -160,13 +199,15 @@ int row_blocks(const MoeFwdShape& s) {
 }
 
 
+// Backward: y holds the dX rows (the second GEMM's output, as the forward's
+// y rows), dy the dispatched output gradients, dg / du the first GEMM's.
 struct Arena {
-  std::vector<float> x, act, y;      // [rows][H], [rows][I], [rows][H] (the shared expert's: x unused)
-  std::vector<uint64_t> tag;         // [rows] (epoch, source) of the dispatched row
-  std::vector<uint64_t> act_e, y_e;  // [rows][I], [rows][H] epoch each element was computed in
+  std::vector<float> x, act, y, dy, dg, du;  // [rows][H], [rows][I], [rows][H], [rows][H], [rows][I] x 2
+  std::vector<uint64_t> tag;                 // [rows] (epoch, source) of the dispatched row
+  std::vector<uint64_t> act_e, y_e;          // [rows][I], [rows][H] epoch each element was computed in
   Arena(int rows, int H, int I)
-      : x((size_t)rows * H), act((size_t)rows * I), y((size_t)rows * H), tag(rows), act_e((size_t)rows * I),
-        y_e((size_t)rows * H) {}
+      : x((size_t)rows * H), act((size_t)rows * I), y((size_t)rows * H), dy((size_t)rows * H), dg((size_t)rows * I),
+        du((size_t)rows * I), tag(rows), act_e((size_t)rows * I), y_e((size_t)rows * H) {}
 };
 
 // One rank's device memory: control words as in the kernel, plan, arenas.
@@ -181,8 +222,10 @@ struct Rank {
   std::unique_ptr<MoeLayout> layout{new MoeLayout()};
   Arena arena[2];                       // capped, dropless
   Arena shared;                         // the shared expert's rows (s.shared_blocks * tile_m)
-  std::vector<float> ret, out;          // [t*k][H] return buffer, [t][H] fold output
+  std::vector<float> ret, out;          // [t*k][H] return buffer, [t][H] fold output (backward: dX)
   std::vector<uint64_t> ret_tag;        // [t*k]
+  // Backward: weight gradients of the local experts and the shared one (x = e_local).
+  std::vector<float> dw2, dw1g, dw1u;   // [E_l + 1][I][H], [E_l + 1][H][I] x 2
   // Per epoch: runs of each queue item, releases of each flag (at home * size + i), scans.
   std::vector<uint32_t> ran[kQueues], released[kFlags];
   uint32_t scans = 0;
@@ -192,7 +235,7 @@ struct Rank {
         order(c.t * c.k), w(c.t * c.k),
         arena{Arena(moe_arena_rows(s, false), c.H(), c.I()), Arena(moe_arena_rows(s, true), c.H(), c.I())},
         shared(s.shared_blocks * s.tile_m, c.H(), c.I()), ret((size_t)c.t * c.k * c.H()), out((size_t)c.t * c.H()),
-        ret_tag(c.t * c.k) {
+        ret_tag(c.t * c.k), dw2((size_t)(c.e_local + 1) * c.I() * c.H()), dw1g(dw2.size()), dw1u(dw2.size()) {
     const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), row_blocks(s), row_blocks(s), c.E()};
     for (int f = 0; f < kFlags; ++f) {
       flags[f].assign(sizes[f], 0);
@@ -325,6 +368,8 @@ struct HostOps {
       EMU_CHECK(me().idx[p] == ex && at + r < (int)to.tag.size(), "rank %d: part row %d of expert %d", rank, r, ex);
       std::copy(in.x.begin() + (size_t)(p / c.k) * H, in.x.begin() + (size_t)(p / c.k + 1) * H,
                 to.x.begin() + (size_t)(at + r) * H);
+      if (c.backward)
+        for (int h = 0; h < H; ++h) to.dy[(size_t)(at + r) * H + h] = in.dy_row(c, p, h);
       __atomic_store_n(&to.tag[at + r], row_tag(e, rank, p), __ATOMIC_RELAXED);
     }
     jitter();
@@ -335,10 +380,17 @@ struct HostOps {
       if (lr >= moe_src(s, layout(), x, src) && lr < moe_src(s, layout(), x, src + 1)) return src;
     return -1;
   }
-  int build(const MoeLayout& L, int most) { return moe_build_serial(*this, MoeBuilds<HostOps>{*this, s, L}, most); }
+  MoeWgradTiles wgrad_tiles() const { return {c.I(), c.H()}; }  // a row of dW2 [I][H] / dW1 [H][I] each
+  int build(const MoeLayout& L, int most) {
+    if (c.backward) return moe_build_serial(MoeBwdBuilds<HostOps>{*this, s, L, wgrad_tiles()}, most);
+    return moe_build_serial(MoeBuilds<HostOps>{*this, s, L}, most);
+  }
+  // The build item that is tile t: the forward's inverse (checked), the
+  // backward's wgrads after the forward's items.
   int build_index(const MoeTile& t) {
-    const int j = moe_build_index(s, layout(), t);
-    const MoeTile back = moe_build_item(s, layout(), j);
+    const int j = t.gemm > 2 ? moe_n_build(s, layout()) + t.x * (c.I() + c.H()) + (t.gemm == 3 ? t.n : c.I() + t.n)
+                             : moe_build_index(s, layout(), t);
+    const MoeTile back = c.backward ? moe_bwd_build_item(s, layout(), wgrad_tiles(), j) : moe_build_item(s, layout(), j);
     EMU_CHECK(back.gemm == t.gemm && back.rb == t.rb && back.x == t.x && back.n == t.n,
               "rank %d: build item %d is not tile (%d, %d, %d, %d)", rank, j, t.gemm, t.rb, t.x, t.n);
     return j;
@@ -405,6 +457,113 @@ struct HostOps {
     }
     jitter();
   }
+  // ---- backward tiles ----
+  // A row of the tile's row block: its arena (the shared expert's, or the mode's),
+  // its row there, and its x and dY rows (nullptr: padding). Routed rows only
+  // after their source's arrival, as GEMM1 reads them.
+  Arena& tile_arena(const MoeTile& t) { return t.x == c.e_local ? me().shared : arena(); }
+  int tile_row(const MoeTile& t, int i) {
+    return (t.x == c.e_local ? t.rb - s.shared_rb0 : t.rb) * c.tile_m + i;
+  }
+  bool bwd_inputs(const MoeTile& t, int i, const float** x, const float** dy) {
+    const int row = tile_row(t, i), H = c.H();
+    if (t.x == c.e_local) {
+      if (row >= c.t) return false;
+      *x = &in.x[(size_t)row * H], *dy = &in.dy[(size_t)row * H];  // the shared expert: weight 1
+      return true;
+    }
+    const int src = source_of(t.x, (t.rb - layout().rb[t.x]) * c.tile_m + i);
+    if (src < 0) return false;
+    const uint64_t tag = __atomic_load_n(&arena().tag[row], __ATOMIC_RELAXED);
+    EMU_CHECK(seen(MoeFlag::kArrived, src * c.e_local + t.x) && tag_epoch(tag) == e && tag_src(tag) == src,
+              "rank %d epoch %llu: dgrad2 row %d (expert %d, source %d) before its rows arrived", rank,
+              (unsigned long long)e, row, t.x, src);
+    *x = &arena().x[(size_t)row * H], *dy = &arena().dy[(size_t)row * H];
+    return true;
+  }
+  int model_expert(int x) const { return x == c.e_local ? c.E() : rank * c.e_local + x; }
+  // dact's column t.n, then d gate, d up and act of that column (padding rows: NaN, never read).
+  void dgrad2(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    Arena& a = tile_arena(t);
+    const int H = c.H(), I = c.I();
+    std::vector<float> act(I), dg(I), du(I), dx(H);
+    for (int i = 0; i < c.tile_m; ++i) {
+      const size_t at = (size_t)tile_row(t, i) * I + t.n;
+      const float *x = nullptr, *dy = nullptr;
+      a.act[at] = a.dg[at] = a.du[at] = NAN;
+      if (bwd_inputs(t, i, &x, &dy)) {
+        model.expert_bwd(c, model_expert(t.x), x, dy, act.data(), dg.data(), du.data(), dx.data());
+        a.act[at] = act[t.n], a.dg[at] = dg[t.n], a.du[at] = du[t.n];
+      }
+      __atomic_store_n(&a.act_e[at], e, __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  // Column t.n of the dX rows, from every column of d gate / d up (after kGemm1).
+  void dgrad1(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    Arena& a = tile_arena(t);
+    const int H = c.H(), I = c.I(), ge = model_expert(t.x);
+    EMU_CHECK(seen(MoeFlag::kGemm1, t.rb), "rank %d: dgrad1 of row block %d before its dgrad2", rank, t.rb);
+    for (int i = 0; i < c.tile_m; ++i) {
+      const int row = tile_row(t, i);
+      float acc = 0;
+      for (int n = 0; n < I; ++n) {
+        EMU_CHECK(__atomic_load_n(&a.act_e[(size_t)row * I + n], __ATOMIC_RELAXED) == e,
+                  "rank %d epoch %llu: dgrad1 row %d reads dgrad2 column %d not done", rank, (unsigned long long)e,
+                  row, n);
+        acc += a.dg[(size_t)row * I + n] * model.w1g[((size_t)ge * H + t.n) * I + n] +
+               a.du[(size_t)row * I + n] * model.w1u[((size_t)ge * H + t.n) * I + n];
+      }
+      a.y[(size_t)row * H + t.n] = acc;
+      __atomic_store_n(&a.y_e[(size_t)row * H + t.n], e, __ATOMIC_RELAXED);
+    }
+    jitter();
+  }
+  // Expert x's rows (routed: its segment's rows from every source; shared: the
+  // tokens) in order, each checked done by dgrad2 (column n; -1: every column).
+  std::vector<int> wgrad_rows(int x, int n) {
+    std::vector<int> rows;
+    const int first = x == c.e_local ? 0 : layout().rb[x] * c.tile_m;
+    const int count = x == c.e_local ? c.t : moe_src(s, layout(), x, c.ep);
+    const Arena& a = x == c.e_local ? me().shared : arena();
+    for (int r = first; r < first + count; ++r) {
+      for (int k = n < 0 ? 0 : n; k < (n < 0 ? c.I() : n + 1); ++k)
+        EMU_CHECK(__atomic_load_n(&a.act_e[(size_t)r * c.I() + k], __ATOMIC_RELAXED) == e,
+                  "rank %d epoch %llu: wgrad of expert %d reads row %d before its dgrad2", rank,
+                  (unsigned long long)e, x, r);
+      rows.push_back(r);
+    }
+    return rows;
+  }
+  // Row t.n of dW2[x] [I][H]: act[:, n]^T dY rows.
+  void wgrad2(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    const bool sh = t.x == c.e_local;
+    const Arena& a = sh ? me().shared : arena();
+    const int H = c.H(), I = c.I();
+    std::vector<float> acc(H, 0.f);
+    for (int r : wgrad_rows(t.x, t.n))
+      for (int m = 0; m < H; ++m) acc[m] += a.act[(size_t)r * I + t.n] * (sh ? in.dy : a.dy)[(size_t)r * H + m];
+    std::copy(acc.begin(), acc.end(), me().dw2.begin() + ((size_t)t.x * I + t.n) * H);
+    jitter();
+  }
+  // Row t.n (of H) of dW1[x]'s gate and up halves [H][I]: x rows^T d gate / d up.
+  void wgrad1(const MoeTile& t) {
+    ran(MoeQueue::kBuild, build_index(t));
+    const bool sh = t.x == c.e_local;
+    const Arena& a = sh ? me().shared : arena();
+    const int H = c.H(), I = c.I();
+    std::vector<float> g(I, 0.f), u(I, 0.f);
+    for (int r : wgrad_rows(t.x, -1)) {
+      const float xv = (sh ? in.x : a.x)[(size_t)r * H + t.n];
+      for (int k = 0; k < I; ++k) g[k] += xv * a.dg[(size_t)r * I + k], u[k] += xv * a.du[(size_t)r * I + k];
+    }
+    std::copy(g.begin(), g.end(), me().dw1g.begin() + ((size_t)t.x * H + t.n) * I);
+    std::copy(u.begin(), u.end(), me().dw1u.begin() + ((size_t)t.x * H + t.n) * I);
+    jitter();
+  }
   bool y_done(const Arena& a, int row) {
     for (int m = 0; m < c.H(); ++m)
       if (__atomic_load_n(&a.y_e[(size_t)row * c.H() + m], __ATOMIC_RELAXED) != e) return false;
@@ -430,7 +589,9 @@ struct HostOps {
     const int H = c.H(), k = c.k, slots = k + (s.shared_blocks > 0);
     for (int i = first; i < last; ++i) {
       std::vector<const float*> rows(slots);
+      // Backward: the dY rows went out scaled by w, so the dX rows fold with weight 1.
       std::vector<float> w(me().w.begin() + (size_t)i * k, me().w.begin() + (size_t)(i + 1) * k);
+      if (c.backward) std::fill(w.begin(), w.end(), 1.f);
       if (slots > k) {  // the shared expert's row, weight 1
         EMU_CHECK(seen(MoeFlag::kGemm2, s.shared_rb0 + i / c.tile_m) && y_done(me().shared, i),
                   "rank %d epoch %llu: fold of token %d before its shared expert row", rank, (unsigned long long)e, i);
@@ -465,6 +626,59 @@ void expect_once(const std::vector<uint32_t>& v, int n, const char* what, const 
               (unsigned long long)e, what, i, v[i]);
 }
 
+// Backward: dX against each token's pairs' input gradients summed directly, and
+// every weight gradient of this rank (its local experts: every rank's pairs
+// routed to them; the shared expert: its own tokens) against direct sums.
+// Integer-valued sums below 2^24: exact in any order.
+void check_backward(const Case& c, const Model& model, const Inputs& in, Rank& r, int rank, uint64_t e) {
+  const int H = c.H(), I = c.I(), El = c.e_local;
+  std::vector<float> act(I), dg(I), du(I), dx(H), dyr(H), want(H);
+  std::vector<float> w2((size_t)(El + 1) * I * H, 0.f), w1g(w2.size(), 0.f), w1u(w2.size(), 0.f);
+  auto add_grads = [&](int x, const float* xr) {
+    for (int n = 0; n < I; ++n)
+      for (int m = 0; m < H; ++m) {
+        w2[((size_t)x * I + n) * H + m] += act[n] * dyr[m];
+        w1g[((size_t)x * H + m) * I + n] += xr[m] * dg[n];
+        w1u[((size_t)x * H + m) * I + n] += xr[m] * du[n];
+      }
+  };
+  for (int i = 0; i < c.t; ++i) {
+    const float* xr = &in.x[(size_t)i * H];
+    std::fill(want.begin(), want.end(), 0.f);
+    for (int j = 0; j < c.k; ++j) {
+      for (int h = 0; h < H; ++h) dyr[h] = in.dy_row(c, i * c.k + j, h);
+      model.expert_bwd(c, in.idx[i * c.k + j], xr, dyr.data(), act.data(), dg.data(), du.data(), dx.data());
+      for (int h = 0; h < H; ++h) want[h] += dx[h];
+    }
+    if (c.shared) {
+      std::copy(in.dy.begin() + (size_t)i * H, in.dy.begin() + (size_t)(i + 1) * H, dyr.begin());
+      model.expert_bwd(c, c.E(), xr, dyr.data(), act.data(), dg.data(), du.data(), dx.data());
+      for (int h = 0; h < H; ++h) want[h] += dx[h];
+      add_grads(El, xr);
+    }
+    for (int h = 0; h < H; ++h)
+      EMU_CHECK(r.out[(size_t)i * H + h] == want[h], "ep=%d W=%d rank %d epoch %llu: token %d dx[%d] = %g, want %g",
+                c.ep, c.W, rank, (unsigned long long)e, i, h, r.out[(size_t)i * H + h], want[h]);
+  }
+  for (int src = 0; src < c.ep; ++src) {
+    const Inputs theirs(c, (int)e - 1, src);
+    for (int p = 0; p < c.t * c.k; ++p) {
+      const int ex = theirs.idx[p];
+      if (ex / El != rank) continue;
+      for (int h = 0; h < H; ++h) dyr[h] = theirs.dy_row(c, p, h);
+      const float* xr = &theirs.x[(size_t)(p / c.k) * H];
+      model.expert_bwd(c, ex, xr, dyr.data(), act.data(), dg.data(), du.data(), dx.data());
+      add_grads(ex % El, xr);
+    }
+  }
+  const size_t n = (size_t)(El + c.shared) * I * H;
+  for (size_t i = 0; i < n; ++i)
+    EMU_CHECK(r.dw2[i] == w2[i] && r.dw1g[i] == w1g[i] && r.dw1u[i] == w1u[i], "ep=%d W=%d rank %d epoch %llu: "
+              "weight gradient %zu (expert %zu of %d local) dW2 %g want %g, dW1 gate %g want %g, up %g want %g",
+              c.ep, c.W, rank, (unsigned long long)e, i, i / ((size_t)I * H), El, r.dw2[i], w2[i], r.dw1g[i],
+              w1g[i], r.dw1u[i], w1u[i]);
+}
+
 // After a launch: exactly-once items and releases, and the output against a
 // direct per-token computation.
 void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, int rank, uint64_t e) {
@@ -473,7 +687,8 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
   const int nrb = moe_row_blocks(s, L), E = c.E();
   expect_once(r.ran[(int)MoeQueue::kFront], moe_n_front(s), "front item", c, rank, e);
   expect_once(r.ran[(int)MoeQueue::kMove], moe_n_move(s), "dispatch part", c, rank, e);
-  expect_once(r.ran[(int)MoeQueue::kBuild], moe_n_build(s, L), "GEMM tile", c, rank, e);
+  const int builds = c.backward ? moe_n_bwd_build(s, L, MoeWgradTiles{c.I(), c.H()}) : moe_n_build(s, L);
+  expect_once(r.ran[(int)MoeQueue::kBuild], builds, "GEMM tile", c, rank, e);
   expect_once(r.ran[(int)MoeQueue::kFold], moe_n_fold(s), "fold item", c, rank, e);
   EMU_CHECK(r.scans == 1, "rank %d epoch %llu: %u scans", rank, (unsigned long long)e, r.scans);
   auto rel = [&](MoeFlag f, int home, int i) {
@@ -498,6 +713,7 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
               "rank %d: row block %d released %u/%u times", rank, rb, rel(MoeFlag::kGemm1, rank, rb),
               rel(MoeFlag::kGemm2, rank, rb));
   }
+  if (c.backward) return check_backward(c, model, in, r, rank, e);
   std::vector<float> act(c.I()), y(c.H()), want(c.H());
   for (int i = 0; i < c.t; ++i) {
     std::fill(want.begin(), want.end(), 0.f);
@@ -526,7 +742,9 @@ void run_rank(const Case& c, const Model& model, Ranks& ranks, int rank, unsigne
     const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
     const Inputs in(c, it, rank);
     const int sizes[kQueues] = {moe_n_front(s), moe_n_move(s),
-                                (moe_max_row_blocks(s) + s.shared_blocks) * (c.nt1 + c.nt2), 0, moe_n_fold(s)};
+                                (moe_max_row_blocks(s) + s.shared_blocks) * (c.nt1 + c.nt2) +
+                                    (c.e_local + 1) * (c.I() + c.H()),
+                                0, moe_n_fold(s)};
     for (int q = 0; q < kQueues; ++q) r.ran[q].assign(sizes[q], 0);
     for (auto& v : r.released) std::fill(v.begin(), v.end(), 0u);
     r.scans = 0;
@@ -583,6 +801,11 @@ int main() {
   cases.push_back({1, 5, 2, 17, 3, 5, 6, 3, 3, 2, 3, 17, 4, 10, all, true});
   cases.push_back({2, 3, 1, 11, 2, 4, 3, 4, 2, 3, 2, 5, 4, 20, all, true});
   cases.push_back({4, 2, 1, 9, 2, 2, 2, 2, 2, 2, 1, 3, 4, 10, all, true});
+  // Every case once more through the backward's build queue and work.
+  for (size_t i = 0, n = cases.size(); i < n; ++i) {
+    cases.push_back(cases[i]);
+    cases.back().backward = true;
+  }
   unsigned seed = 1;
   for (const Case& c : cases) {
     for (int r = 0; r < c.ep; ++r) EMU_CHECK(moe_fwd_shape_ok(c.shape(r)), "ep=%d: shape refused", c.ep);

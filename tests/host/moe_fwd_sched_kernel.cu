@@ -1,4 +1,5 @@
-// Compile check of the MoE forward schedule as device code (run by
+// Compile check of the MoE schedules as device code, the forward's and the
+// backward's build queue (run by
 // tests/test_host_moe_fwd_sched.py with nvcc -arch=sm_90a; nothing launches
 // it): moe_fwd_cta instantiated over a plain one-thread-per-CTA Ops whose
 // control words are the kernel's (queues, counters, epoch flags with bounded
@@ -7,6 +8,7 @@
 // CTA-wide copies left out.
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
+#include "moe/bwd_queues.h"
 #include "moe/fwd_sched.h"
 
 namespace kosmos::moe {
@@ -31,6 +33,9 @@ struct RankMem {
   float* ret;                     // [t*k][H]
   float* out;                     // [t][H]
   const float *w1, *w2;           // our experts: [E_l][H][2I] (gate, up), [E_l][I][H]
+  // Backward: the dispatched dY rows, d(gate | up) [rows][2I], the weight gradients.
+  float *dy[2], *dh[2];
+  float *dw1, *dw2;               // [E_l][H][2I], [E_l][I][H]
 };
 
 struct CheckParams {
@@ -114,7 +119,7 @@ struct CheckOps {
     }
   }
   KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
-    return moe_build_serial(*this, MoeBuilds<CheckOps>{*this, p.s, L}, most);
+    return moe_build_serial(MoeBuilds<CheckOps>{*this, p.s, L}, most);
   }
   // Tile n of GEMM1: I / nt1 SwiGLU outputs, silu(gate) * up, per row of the block.
   KOSMOS_DEVICE void gemm1(const MoeTile& t) {
@@ -165,9 +170,75 @@ struct CheckOps {
   }
 };
 
+// The backward's build queue (moe/bwd_queues.h) over the same control words:
+// the dY rows arrive in the arena's dy, the dX rows leave through y (the
+// forward's output rows), whose units and fold the forward's code moves.
+struct CheckBwdOps : CheckOps {
+  KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
+    return moe_build_serial(MoeBwdBuilds<CheckBwdOps>{*this, p.s, L, MoeWgradTiles{p.I, p.H}}, most);
+  }
+  // d(gate | up) of columns of block n of I: dact = dY W2^T, then SwiGLU's backward.
+  KOSMOS_DEVICE void dgrad2(const MoeTile& t) {
+    const int cols = p.I / p.s.nt1, I2 = 2 * p.I;
+    const float *w1 = me().w1 + (size_t)t.x * p.H * I2, *w2 = me().w2 + (size_t)t.x * p.I * p.H;
+    for (int i = 0; i < p.s.tile_m; ++i) {
+      const size_t row = (size_t)t.rb * p.s.tile_m + i;
+      for (int c = t.n * cols; c < (t.n + 1) * cols; ++c) {
+        float g = 0.f, u = 0.f, da = 0.f;
+        for (int h = 0; h < p.H; ++h) {
+          const float a = me().arena[mode()][row * p.H + h];
+          g += a * w1[(size_t)h * I2 + c];
+          u += a * w1[(size_t)h * I2 + p.I + c];
+          da += me().dy[mode()][row * p.H + h] * w2[(size_t)c * p.H + h];
+        }
+        const float sg = 1.f / (1.f + expf(-g));
+        me().dh[mode()][row * I2 + c] = da * u * sg * (1.f + g * (1.f - sg));
+        me().dh[mode()][row * I2 + p.I + c] = da * g * sg;
+        me().act[mode()][row * p.I + c] = g * sg * u;
+      }
+    }
+  }
+  // dX rows, columns of block n of H: d(gate | up) W1^T.
+  KOSMOS_DEVICE void dgrad1(const MoeTile& t) {
+    const int cols = p.H / p.s.nt2, I2 = 2 * p.I;
+    const float* w1 = me().w1 + (size_t)t.x * p.H * I2;
+    for (int i = 0; i < p.s.tile_m; ++i) {
+      const size_t row = (size_t)t.rb * p.s.tile_m + i;
+      for (int c = t.n * cols; c < (t.n + 1) * cols; ++c) {
+        float acc = 0.f;
+        for (int f = 0; f < I2; ++f) acc += me().dh[mode()][row * I2 + f] * w1[(size_t)c * I2 + f];
+        me().y[mode()][row * p.H + c] = acc;
+      }
+    }
+  }
+  // Row n of dW2[x] [I][H], and of dW1[x] [H][2I]: sums over the expert's rows.
+  KOSMOS_DEVICE void wgrad2(const MoeTile& t) {
+    const int first = layout().rb[t.x] * p.s.tile_m, rows = moe_src(p.s, layout(), t.x, p.s.ep);
+    for (int m = 0; m < p.H; ++m) {
+      float acc = 0.f;
+      for (int r = first; r < first + rows; ++r)
+        acc += me().act[mode()][(size_t)r * p.I + t.n] * me().dy[mode()][(size_t)r * p.H + m];
+      me().dw2[((size_t)t.x * p.I + t.n) * p.H + m] = acc;
+    }
+  }
+  KOSMOS_DEVICE void wgrad1(const MoeTile& t) {
+    const int first = layout().rb[t.x] * p.s.tile_m, rows = moe_src(p.s, layout(), t.x, p.s.ep), I2 = 2 * p.I;
+    for (int f = 0; f < I2; ++f) {
+      float acc = 0.f;
+      for (int r = first; r < first + rows; ++r)
+        acc += me().arena[mode()][(size_t)r * p.H + t.n] * me().dh[mode()][(size_t)r * I2 + f];
+      me().dw1[((size_t)t.x * p.H + t.n) * I2 + f] = acc;
+    }
+  }
+};
+
 // One thread per CTA runs the CTA's life (the real kernel's CTAs are CTA-uniform).
 __global__ void moe_fwd_check_kernel(CheckParams p) {
   CheckOps ops{p, launch_epoch(p.mem[p.s.rank].epoch), (int)blockIdx.x};
+  moe_fwd_cta(ops, p.s, blockIdx.x, gridDim.x, p.movers);
+}
+__global__ void moe_bwd_check_kernel(CheckParams p) {
+  CheckBwdOps ops{{p, launch_epoch(p.mem[p.s.rank].epoch), (int)blockIdx.x}};
   moe_fwd_cta(ops, p.s, blockIdx.x, gridDim.x, p.movers);
 }
 

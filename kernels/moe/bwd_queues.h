@@ -1,0 +1,109 @@
+// The MoE backward megakernel's build queue (paper §3.3.2), plain host/device
+// code. The backward runs the forward's CTA life (moe_fwd_cta, moe/fwd_sched.h)
+// over the same plan: the front recomputes the forward's layout from the same
+// routing, so every pair has the row it had in the forward; the move queue's
+// parts gather each pair's dY row (output gating: scaled by its weight) and x
+// row into the arena; the combine queue returns the dX rows; the fold sums a
+// token's k dX rows (and the shared expert's) in slot order. Only the build
+// queue differs, and the words of the work that its Ops do (the kernels are not
+// written yet: kosmos_jax.ops.moe_backward raises under impl="fused"). Per
+// row block, as the forward's GEMM1 and GEMM2 (the same items, flags and
+// counts, moe_build_item):
+//
+//  dgrad2  kind 1, tile (rb, n): dA = dY_rows @ W2[e]^T, column block n of I,
+//          the SwiGLU backward in the epilogue (from the forward's saved
+//          pre-activations h1): d(gate | up) of the same I columns, and
+//          act = silu(gate) * up again for wgrad2. Waits for its rows to
+//          arrive; completes kGemm1[rb] once all nt1 tiles are done.
+//  dgrad1  kind 2, tile (rb, n): dX_rows = d(gate | up) @ W1[e]^T, column
+//          block n of H, K = 2I. Waits for kGemm1[rb]; completes kGemm2[rb],
+//          which units (the dX combine) and the fold wait for.
+//
+// then per expert (the routed ones in order, then the shared expert), once its
+// row blocks' dgrad2 tiles are done (every wgrad tile follows every dgrad2
+// tile in the queue, so they are claimed; a wgrad waits on nothing else, and
+// nothing in the launch waits on a wgrad):
+//
+//  wgrad2  kind 3, tile n of nw2: a block of dW2[x] [I, H] = act[x]^T @ dY_rows[x]
+//  wgrad1  kind 4, tile n of nw1: a block of dW1[x] [H, 2I] = X_rows[x]^T @ d(gate | up)[x]
+//
+// each summed over the expert's rows in the plan's stable row order (so dW is
+// bitwise reproducible), an expert without rows writing zeros. The wgrads come
+// after every dgrad1 tile: the dX rows return (units, pushed by two-way movers
+// between tiles) while the weight gradients are computed.
+#pragma once
+
+#include "kosmos/platform.h"
+#include "moe/fwd_sched.h"
+
+namespace kosmos::moe {
+
+enum class MoeBwdKind : int { kDgrad2 = 1, kDgrad1 = 2, kWgrad2 = 3, kWgrad1 = 4 };
+
+// Weight-gradient tiles per expert: of dW2 [I, H] and of dW1 [H, 2I].
+struct MoeWgradTiles {
+  int nw2, nw1;
+};
+
+// Experts with weight gradients on this rank: the local ones, and the shared one.
+KOSMOS_HD inline int moe_bwd_experts(const MoeFwdShape& s) { return s.e_local + (s.shared_blocks > 0); }
+KOSMOS_HD inline int moe_n_wgrad(const MoeFwdShape& s, const MoeWgradTiles& w) {
+  return moe_bwd_experts(s) * (w.nw2 + w.nw1);
+}
+KOSMOS_HD inline int moe_n_bwd_build(const MoeFwdShape& s, const MoeLayout& L, const MoeWgradTiles& w) {
+  return moe_n_build(s, L) + moe_n_wgrad(s, w);
+}
+
+// Build item j: the forward's items as dgrad2 / dgrad1, then the wgrads,
+// expert-major (rb unused: -1; x = e_local is the shared expert).
+KOSMOS_HD inline MoeTile moe_bwd_build_item(const MoeFwdShape& s, const MoeLayout& L, const MoeWgradTiles& w, int j) {
+  const int nd = moe_n_build(s, L);
+  if (j < nd) return moe_build_item(s, L, j);
+  const int q = j - nd, per = w.nw2 + w.nw1, r = q % per;
+  return r < w.nw2 ? MoeTile{(int)MoeBwdKind::kWgrad2, -1, q / per, r}
+                   : MoeTile{(int)MoeBwdKind::kWgrad1, -1, q / per, r - w.nw2};
+}
+
+// Row blocks [*first, *last) of expert x (e_local: the shared expert's).
+KOSMOS_HD inline void moe_expert_row_blocks(const MoeFwdShape& s, const MoeLayout& L, int x, int* first, int* last) {
+  *first = x == s.e_local ? s.shared_rb0 : L.rb[x];
+  *last = x == s.e_local ? s.shared_rb0 + s.shared_blocks : L.rb[x + 1];
+}
+
+// The backward's build queue as a tile source (MoeBuilds' interface): the
+// dgrad tiles are the forward's GEMM1 / GEMM2 items, waits and counts; `Ops`
+// supplies dgrad2(t), dgrad1(t), wgrad2(t), wgrad1(t) beside the control words.
+template <class Ops>
+struct MoeBwdBuilds {
+  Ops& ops;
+  const MoeFwdShape& s;
+  const MoeLayout& L;
+  MoeWgradTiles w;
+
+  KOSMOS_MOE_INLINE MoeBuilds<Ops> rows() const { return MoeBuilds<Ops>{ops, s, L}; }
+  KOSMOS_MOE_INLINE bool next(MoeTile* t) {
+    const int j = ops.claim(MoeQueue::kBuild);
+    if (j >= moe_n_bwd_build(s, L, w)) return false;
+    *t = moe_bwd_build_item(s, L, w, j);
+    return true;
+  }
+  KOSMOS_MOE_INLINE void start(const MoeTile& t) {
+    if (t.gemm <= (int)MoeBwdKind::kDgrad1) return rows().start(t);
+    int first, last;
+    moe_expert_row_blocks(s, L, t.x, &first, &last);
+    for (int rb = first; rb < last; ++rb) ops.wait(MoeFlag::kGemm1, rb);
+  }
+  KOSMOS_MOE_INLINE void done(const MoeTile& t) {
+    if (t.gemm <= (int)MoeBwdKind::kDgrad1) rows().done(t);
+  }
+  KOSMOS_MOE_INLINE void run(const MoeTile& t) {
+    switch ((MoeBwdKind)t.gemm) {
+      case MoeBwdKind::kDgrad2: ops.dgrad2(t); break;
+      case MoeBwdKind::kDgrad1: ops.dgrad1(t); break;
+      case MoeBwdKind::kWgrad2: ops.wgrad2(t); break;
+      default: ops.wgrad1(t); break;
+    }
+  }
+};
+
+}  // namespace kosmos::moe
