@@ -131,7 +131,7 @@ struct MoePortableOps : MoeLocalOps {
     const bool shared = t.x == s().e_local;
     const gemm::bf16* w1 = shared ? elems(pp.sw1) : elems(pp.w1) + (size_t)t.x * H * 2 * I;
     MoePortableHooks<1> h{shared ? elems(p().x) : elems(p().arena), w1, shared ? s().tokens : m0 * E::kBM,
-                                shared ? m0 : 0, I / kMoePortableCols1};
+                          shared ? m0 : 0, I / kMoePortableCols1};
     const E::Acc acc = E::mainloop(gemm::Problem{p().arena, w1, p().act, rows(), 2 * I, H}, {t.rb, t.n}, sm.tile, h);
     static_assert(E::kSub * 16 == E::kBN, "acc_col(j + kSub / 2) == acc_col(j) + kBN / 2");
 #pragma unroll
