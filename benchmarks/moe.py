@@ -340,7 +340,10 @@ def bench(name: str, routing: str, args) -> list[dict]:
       else:
         launch = MoeLaunch(switching=False) if arm == "fused_fixed" else None
         fn, arm_sets = layer_arm(cfg, names, "reference" if arm == "reference" else "fused", launch), sets
+      began = time.strftime("%H:%M:%S")
       tm = time_arm(fn, arm_sets, args, gflop)
+      # Wall-clock window of the timing, to read beside scripts/gpu_moe.sh's CLOCKS=1 samples.
+      print(f"timed {name} {routing} {arm}: {began}-{time.strftime('%H:%M:%S')}", file=sys.stderr)
       if arm not in ("floor", "xla_part"):
         outs[arm] = fn(*sets[0])[0]
       row.update(median_ms=tm.median_ms, min_ms=tm.min_ms, calls=tm.calls_per_rep, reps=tm.reps,

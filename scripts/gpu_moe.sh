@@ -8,6 +8,8 @@
 #   4. with TIMELINE=PRESET[,PRESET...], a KOSMOS_TRACE rebuild and one traced forward of
 #      each (benchmarks/moe.py --timeline: PNG, JSON and each phase's span).
 # ENGINE=0 skips step 1; TEST_RESERVE_S (default 60) is what the tests leave for the rest.
+# CLOCKS=1 samples the GPU's SM clock, power and temperature every 200 ms during step 3
+# (nvidia-smi, read only) into $OUT/clocks.csv: whether the arms run at the same clocks.
 # Logs under $OUT/engine/, $OUT/pytest.log, $OUT/bench.log and $OUT/timeline.log.
 # BUDGET_S bounds the call (default 560).
 # Never changes clocks or resets a GPU; NVLink multicast stays off (DESIGN.md §4).
@@ -37,8 +39,14 @@ if [ "$tests" != none ]; then
   echo "pytest rc=$? at ${SECONDS}s"; tail -25 "$OUT/pytest.log"
 fi
 if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 40 ]; then
+  if [ "${CLOCKS:-0}" = 1 ]; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
+      > "$OUT/clocks.csv" 2>&1 &
+    clocks=$!
+  fi
   OUT= timeout $(( $(left) - 10 )) $PY benchmarks/moe.py ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1  # its table is in the log
   echo "bench rc=$? at ${SECONDS}s"; tail -30 "$OUT/bench.log"
+  if [ "${CLOCKS:-0}" = 1 ]; then kill $clocks 2>/dev/null; wait $clocks 2>/dev/null; fi
 fi
 if [ -n "${TIMELINE:-}" ] && [ "$(left)" -gt 120 ]; then
   OUT=/tmp/moe_build TRACE=1 TESTS=none bash scripts/gpu_test.sh || exit 1
