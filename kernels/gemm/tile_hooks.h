@@ -120,6 +120,7 @@ KOSMOS_HOOK_FLAG(groups_b, kGroupedB)       // absent: every tile reads the Prob
 KOSMOS_HOOK_FLAG(sources_b, kBSource)       // absent: every tile reads the Problem's B
 KOSMOS_HOOK_FLAG(splits_b, kSplitB)         // absent: a tile's B rows are one block of kBN
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
+KOSMOS_HOOK_FLAG(keeps_preact, kKeepsPreact) // absent: a staging type stores no pre-activations (MoE GEMM1's preact)
 #undef KOSMOS_HOOK_FLAG
 
 // Where a tile is in the Hopper engine's consumers: its claim read, its

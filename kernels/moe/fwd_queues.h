@@ -70,9 +70,11 @@ KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int
   }
   return lo;
 }
+// Whether row block rb is the shared expert's.
+KOSMOS_HD inline bool moe_shared_rb(const MoeFwdShape& s, int rb) { return s.shared_blocks > 0 && rb >= s.shared_rb0; }
 // The expert of any row block: moe_expert_of, or e_local for the shared expert's.
 KOSMOS_HD inline int moe_tile_expert(const MoeFwdShape& s, const MoeLayout& L, int rb) {
-  return s.shared_blocks > 0 && rb >= s.shared_rb0 ? s.e_local : moe_expert_of(s, L, rb);
+  return moe_shared_rb(s, rb) ? s.e_local : moe_expert_of(s, L, rb);
 }
 // A segment of the build queue (one GEMM's routed or shared row blocks, rows
 // of them by nt column blocks) in gemm::SwizzledOrder's bands of s.band row
@@ -81,13 +83,9 @@ KOSMOS_HD inline int moe_tile_expert(const MoeFwdShape& s, const MoeLayout& L, i
 // instead of streaming a whole expert's weights per row block. Measured
 // (benchmarks/RESULTS.md, MoE): a gain where experts span several row blocks
 // of 64 column blocks (Llama 4 Scout, the shared expert), a few percent lost
-// on small experts. Tile q of the segment, and the inverse.
+// on small experts. Tile q of the segment.
 KOSMOS_HD inline gemm::TileCoord moe_seg_tile(const MoeFwdShape& s, int rows, int nt, int q) {
   return gemm::SwizzledOrder{rows, nt, s.band}.at(q);
-}
-KOSMOS_HD inline int moe_seg_index(const MoeFwdShape& s, int rows, int nt, int rb, int n) {
-  const int m0 = rb / s.band * s.band, in = rows - m0 < s.band ? rows - m0 : s.band;
-  return m0 * nt + n * in + (rb - m0);
 }
 // Build item j. GEMM1: the shared expert's row blocks first (its rows are x's,
 // ready at once: they fill the time the movers take to gather the routed
@@ -110,15 +108,6 @@ KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L
   }
   const gemm::TileCoord c = moe_seg_tile(s, sh, s.nt2, q - rr * s.nt2);
   return {2, s.shared_rb0 + c.m, s.e_local, c.n};
-}
-// The inverse: the build item of tile t.
-KOSMOS_HD inline int moe_build_index(const MoeFwdShape& s, const MoeLayout& L, const MoeTile& t) {
-  const int rr = moe_row_blocks(s, L), sh = s.shared_blocks;
-  if (t.gemm == 1)
-    return t.x == s.e_local ? moe_seg_index(s, sh, s.nt1, t.rb - s.shared_rb0, t.n)
-                            : sh * s.nt1 + moe_seg_index(s, rr, s.nt1, t.rb, t.n);
-  return moe_n_gemm1(s, L) + (t.x == s.e_local ? rr * s.nt2 + moe_seg_index(s, sh, s.nt2, t.rb - s.shared_rb0, t.n)
-                                               : moe_seg_index(s, rr, s.nt2, t.rb, t.n));
 }
 // Whether row block rb (of expert x) holds rows from source src.
 KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {

@@ -71,9 +71,7 @@ struct MoeGemmHooks {
   MoeBuilds<MoeCtl>* b;
 
   KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_tile_expert(b->s, b->L, t.m); }
-  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const {
-    return b->s.shared_blocks > 0 && t.m >= b->s.shared_rb0;
-  }
+  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const { return moe_shared_rb(b->s, t.m); }
   // Producer thread: the rows the tile reads have landed (gathered rows, or its
   // row block's GEMM1 tiles stored by TMA and published); then TMA may read them.
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {

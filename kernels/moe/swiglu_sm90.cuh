@@ -18,13 +18,6 @@
 
 namespace kosmos::moe {
 
-// Whether hooks H keep pre-activations: `static constexpr bool kKeepsPreact = true`
-// and a member preact(t, r, c) (the MoE forward's; the floor's SwiGLU GEMM has none).
-template <class H, class = void>
-struct keeps_preact : std::false_type {};
-template <class H>
-struct keeps_preact<H, std::void_t<decltype(H::kKeepsPreact)>> : std::bool_constant<H::kKeepsPreact> {};
-
 template <class Cfg, class OutT, bool kBoxes, class Hooks>
 struct SwigluStaging {
   static_assert(kBoxes, "h leaves by TMA store: hooks with kMapsRows and kStoreBoxes");
@@ -67,7 +60,7 @@ struct SwigluStaging {
     // layer), rounded to bf16 as the twin's h1, straight from the accumulators:
     // acc(i) and acc(i + 1), i even, are adjacent columns of one row. Row 0 of a
     // tile that keeps any is always kept.
-    if constexpr (keeps_preact<Hooks>::value) {
+    if constexpr (gemm::keeps_preact_v<Hooks>) {  // with a member preact(t, r, c); the floor's SwiGLU GEMM has none
       if (h.preact(t, 0, 0) != nullptr) {
         CUTE_UNROLL
         for (int i = 0; i < decltype(cute::size(acc))::value; i += 2) {

@@ -385,15 +385,15 @@ struct HostOps {
     if (c.backward) return moe_build_serial(MoeBwdBuilds<HostOps>{*this, s, L, wgrad_tiles()}, most);
     return moe_build_serial(MoeBuilds<HostOps>{*this, s, L}, most);
   }
-  // The build item that is tile t: the forward's inverse (checked), the
-  // backward's wgrads after the forward's items.
+  // The build item that is tile t (a search over the direction's queue).
   int build_index(const MoeTile& t) {
-    const int j = t.gemm > 2 ? moe_n_build(s, layout()) + t.x * (c.I() + c.H()) + (t.gemm == 3 ? t.n : c.I() + t.n)
-                             : moe_build_index(s, layout(), t);
-    const MoeTile back = c.backward ? moe_bwd_build_item(s, layout(), wgrad_tiles(), j) : moe_build_item(s, layout(), j);
-    EMU_CHECK(back.gemm == t.gemm && back.rb == t.rb && back.x == t.x && back.n == t.n,
-              "rank %d: build item %d is not tile (%d, %d, %d, %d)", rank, j, t.gemm, t.rb, t.x, t.n);
-    return j;
+    const int n = c.backward ? moe_n_bwd_build(s, layout(), wgrad_tiles()) : moe_n_build(s, layout());
+    for (int j = 0; j < n; ++j) {
+      const MoeTile u = c.backward ? moe_bwd_build_item(s, layout(), wgrad_tiles(), j) : moe_build_item(s, layout(), j);
+      if (u.gemm == t.gemm && u.rb == t.rb && u.x == t.x && u.n == t.n) return j;
+    }
+    EMU_CHECK(false, "rank %d: tile (%d, %d, %d, %d) is no build item", rank, t.gemm, t.rb, t.x, t.n);
+    return 0;
   }
   // The shared expert's GEMM1: x's token rows (tokens past t: padding, never read).
   void shared_gemm1(const MoeTile& t) {
@@ -708,7 +708,7 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
     }
   }
   for (int rb = 0; rb < (int)r.flags[(int)MoeFlag::kGemm1].size(); ++rb) {
-    const bool used = rb < nrb || (s.shared_blocks > 0 && rb >= s.shared_rb0);
+    const bool used = rb < nrb || moe_shared_rb(s, rb);
     EMU_CHECK(rel(MoeFlag::kGemm1, rank, rb) == used && rel(MoeFlag::kGemm2, rank, rb) == used,
               "rank %d: row block %d released %u/%u times", rank, rb, rel(MoeFlag::kGemm1, rank, rb),
               rel(MoeFlag::kGemm2, rank, rb));
