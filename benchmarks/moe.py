@@ -34,6 +34,11 @@ Arms, forward only, each under jax.jit with its own warm-up and sustained timing
                N = h) on t * k rows, each expert's t * k / E padded to 128, plus the shared
                expert's two GEMMs over the t rows (one-expert grouped GEMMs) where the
                preset has one. The same for both routings.
+  floor_bwd    the backward's expert GEMMs alone on the same rows (kosmos_grouped_swiglu_bwd:
+               dgrad2 with the SwiGLU backward, dh1 = f(dY @ W2[e]^T, h1); kosmos_grouped_wgrad:
+               wgrad2 act^T dY and wgrad1 X^T dh1; kosmos_grouped_dgrad: dgrad1 dh1 @ W1[e]^T),
+               plus the shared expert's four as one-expert launches: the backward's floor.
+               Not part of the default run (name it in --arms).
 An arm that cannot run here is recorded with its reason (status unavailable / failed),
 never replaced by another implementation.
 
@@ -41,6 +46,7 @@ TFLOP/s count the routed FLOPs, 2 t k h 2I + 2 t k I h = 6 t k h I, plus the sha
 expert's 6 t h I_s where the preset has one (DeepSeek-V3, Llama 4): every arm computes
 it (the floor with its two extra GEMMs), so every arm of a preset counts the same FLOPs.
 The router (2 t h E) and the SwiGLU are not counted. frac_of_floor = floor / arm time.
+floor_bwd counts the backward's: twice the forward's (its gflop column says so).
 
   python benchmarks/moe.py                                   # one H200: everything
   python benchmarks/moe.py --presets deepseek-v3 --routing skewed --arms fused,floor
@@ -78,7 +84,8 @@ from kosmos_jax.testing import grouped_gemm as gg  # noqa: E402
 from kosmos_jax.testing import moe_forward_built, moe_forward_xla_part  # noqa: E402
 
 BF16 = jnp.bfloat16
-ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part")
+ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part", "floor_bwd")
+BACKWARD_ARMS = ("floor_bwd",)  # count the backward's FLOPs (twice the forward's)
 ROUTINGS = ("balanced", "skewed")
 NAMES = ("router_w", "gate_up", "down", "shared_gate_up", "shared_down", "expert_bias")
 LOGIT_SCALE = 4.0  # c: a chosen expert's logit is ~ +4, the others' ~ -4
@@ -111,7 +118,7 @@ def parse_args(argv=None):
   ap.add_argument("--out-dir", default=None)
   ap.add_argument("--tag", default="")
   args = ap.parse_args(argv)
-  args.arms = args.arms or ("reference" if args.dry_run else ",".join(ARMS))
+  args.arms = args.arms or ("reference" if args.dry_run else ",".join(a for a in ARMS if a not in BACKWARD_ARMS))
   for name, given, allowed in (("--arms", args.arms, ARMS), ("--presets", args.presets, tuple(moe.PRESETS))):
     bad = [a for a in given.split(",") if a not in allowed]
     if bad:
@@ -305,6 +312,48 @@ def floor_arm():
   return jax.jit(f)
 
 
+def floor_bwd_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int) -> tuple:
+  """The backward floor's rows, as floor_inputs': (dY [M, h], X [M, h], h1 [M, 2I],
+  act [M, I], gate_up, down, tile_expert, expert_rb[, the shared expert's the same over
+  its t rows])."""
+  e, h, i, si = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.shared_expert_intermediate
+  per, te = gg.balanced_tiles(-(-t * cfg.top_k // e), e)
+  keys = iter(jax.random.split(jax.random.key(3000 + seed), 8))
+
+  def rows(m, width):
+    return _normal(next(keys), (m, width), 1.0)
+
+  def one(m, width_i, w1, w2, te):
+    return (rows(m, h), rows(m, h), rows(m, 2 * width_i), rows(m, width_i), w1, w2, jnp.asarray(te),
+            jnp.asarray(gg.expert_row_blocks(te, w1.shape[0])))
+
+  out = one(e * per, i, p["gate_up"], p["down"], te)
+  if si:
+    m, te1 = gg.balanced_tiles(t, 1)
+    out += one(m, si, p["shared_gate_up"][None], p["shared_down"][None], te1)
+  return out
+
+
+def floor_bwd_arm():
+  ok, why = gg.status()
+  if not ok:
+    raise Unavailable(f"floor_bwd: {why}")
+
+  def grads(dy, x, h1, act, gate_up, down, te, rb):
+    e, h = gate_up.shape[:2]
+    w1 = gate_up.reshape(e, h, -1)  # [E, h, 2I]: dgrad1's B [E, N = h, K = 2I]
+    dh1 = gg.grouped_swiglu_bwd(dy, down, h1, te)
+    return (dh1, gg.grouped_wgrad(act, dy, rb), gg.grouped_dgrad(dh1, w1, te), gg.grouped_wgrad(x, dh1, rb))
+
+  def f(*ins):
+    out = grads(*ins[:8])
+    if len(ins) > 8:
+      out += grads(*ins[8:])
+    return out
+
+  return jax.jit(f)
+
+
 def _calls(args, gflop: float) -> int:
   return args.calls or max(2, min(20, round(20e-3 / (gflop * 1e9 / PEAK_GUESS))))
 
@@ -335,19 +384,23 @@ def bench(name: str, routing: str, args) -> list[dict]:
       if arm == "floor":
         fn = floor_arm()
         arm_sets = harness.rotation(lambda i: floor_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 2)
+      elif arm == "floor_bwd":
+        fn = floor_bwd_arm()
+        arm_sets = harness.rotation(lambda i: floor_bwd_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 4)
       elif arm == "xla_part":
         fn, arm_sets = xla_part_arm(cfg, names), sets
       else:
         launch = MoeLaunch(switching=False) if arm == "fused_fixed" else None
         fn, arm_sets = layer_arm(cfg, names, "reference" if arm == "reference" else "fused", launch), sets
       began = time.strftime("%H:%M:%S")
-      tm = time_arm(fn, arm_sets, args, gflop)
+      arm_gflop = gflop * (2 if arm in BACKWARD_ARMS else 1)
+      tm = time_arm(fn, arm_sets, args, arm_gflop)
       # Wall-clock window of the timing, to read beside scripts/gpu_moe.sh's CLOCKS=1 samples.
       print(f"timed {name} {routing} {arm}: {began}-{time.strftime('%H:%M:%S')}", file=sys.stderr)
-      if arm not in ("floor", "xla_part"):
+      if arm not in ("floor", "xla_part") + BACKWARD_ARMS:
         outs[arm] = fn(*sets[0])[0]
       row.update(median_ms=tm.median_ms, min_ms=tm.min_ms, calls=tm.calls_per_rep, reps=tm.reps,
-                 tflops=gflop / tm.median_ms)
+                 tflops=arm_gflop / tm.median_ms, gflop=round(arm_gflop, 3))
       del arm_sets
     except Unavailable as e:
       row.update(status="unavailable", reason=str(e))
@@ -356,7 +409,7 @@ def bench(name: str, routing: str, args) -> list[dict]:
     rows.append(row)
   ms = {r["arm"]: r["median_ms"] for r in rows if r["status"] == "ok"}
   for r in rows:
-    if r["status"] != "ok":
+    if r["status"] != "ok" or r["arm"] in BACKWARD_ARMS:  # a forward's ratios
       continue
     if "floor" in ms:
       r["frac_of_floor"] = ms["floor"] / r["median_ms"]
@@ -446,6 +499,9 @@ def table(rows, arms) -> str:
                "with two one-expert grouped GEMMs)" if shared else "") + "; router and SwiGLU not counted.",
             "- floor: the expert GEMMs alone on pre-permuted balanced rows (each expert's padded to 128), "
             "the same for both routings; fused / floor = floor time / fused time.",
+            "- floor_bwd: the backward's four expert GEMMs alone on the same rows (dgrad2 with the SwiGLU "
+            "backward, wgrad2, dgrad1, wgrad1; the shared expert's too); its TF/s count the backward's FLOPs, "
+            "twice the forward's.",
             "- xla_part: what the fused arm still runs as XLA ops before its launch (routing, aux loss), "
             "timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
             "- max load: largest expert count / mean of the router's picks (1.00 = exactly balanced); "

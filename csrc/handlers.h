@@ -19,7 +19,12 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
 // kosmos_moe_forward: the MoE layer's forward at EP = 1 in one launch: plan, gather,
 // GEMM1 + SwiGLU, GEMM2, fold (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
-// kosmos_grouped_gemm: C = A @ B[e] for every expert's rows at once (kernels/moe/grouped_gemm_sm90.cuh),
-// the MoE benchmark's floor (kosmos_jax.testing.grouped_gemm).
+// The MoE expert GEMMs alone, every expert's rows at once: the MoE benchmark's floor
+// (kosmos_jax.testing.grouped_gemm; csrc/grouped_cuda.cu). kosmos_grouped_gemm: C = A @ B[e];
+// kosmos_grouped_dgrad: C = A @ B[e]^T; kosmos_grouped_swiglu_bwd: dgrad2 with the SwiGLU
+// backward; kosmos_grouped_wgrad: C[e] = A[rows of e]^T @ B[rows of e].
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_grouped_gemm_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_grouped_dgrad_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_grouped_swiglu_bwd_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_grouped_wgrad_cuda);
 #endif

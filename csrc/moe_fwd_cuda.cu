@@ -1,12 +1,12 @@
-// FFI handlers of the MoE ops (CUDA): kosmos_moe_forward, the forward
+// FFI handler of the MoE forward (CUDA): kosmos_moe_forward, the forward
 // megakernel at EP = 1 with the shared expert (routing runs in XLA before it,
-// kosmos_jax/ops/_fused_moe.py), and kosmos_grouped_gemm, the expert GEMMs
-// alone (the benchmark's floor). The forward runs its Hopper builders
+// kosmos_jax/ops/_fused_moe.py). The expert GEMMs alone (the benchmark's
+// floor) are csrc/grouped_cuda.cu's. The forward runs its Hopper builders
 // (kernels/moe/fwd_sm90.cuh) on compute capability 9.0 and its portable ones
 // (kernels/moe/fwd_portable.cuh) on every other GPU, or everywhere with
 // KOSMOS_FUSED_BUILDERS=portable: one schedule and workspace, each engine's
 // own tile widths; which ran is counted (moe_forward_engine_runs), never
-// assumed. The grouped GEMM is Hopper only and refuses other GPUs.
+// assumed.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device.h"
+#include "ffi_util.h"
 #include "handlers.h"
 #include "launch.h"
 #include "gemm/tile_order.h"
@@ -26,38 +27,9 @@
 namespace ffi = xla::ffi;
 
 using namespace kosmos;
+using namespace kosmos::ffi_util;
 
 namespace {
-
-ffi::Error Fail(const char* op, const std::string& why) { return ffi::Error::InvalidArgument(std::string(op) + ": " + why); }
-
-ffi::Error CudaFail(const char* op, const char* what, int ordinal, cudaError_t e) {
-  return ffi::Error::Internal(std::string(op) + ": " + what + " on ordinal " + std::to_string(ordinal) + ": " +
-                              cudaGetErrorString(e));
-}
-
-std::string dims(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "(";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + (d.size() == 1 ? ",)" : ")");
-}
-
-bool shaped(ffi::AnyBuffer::Dimensions d, std::initializer_list<int64_t> want) {
-  if (d.size() != want.size()) return false;
-  size_t i = 0;
-  for (int64_t w : want)
-    if (d[i++] != w) return false;
-  return true;
-}
-
-// The grid (one CTA per SM, or cu_cap of them) and whether the device runs sm_90a code.
-std::string grid_of(int ordinal, int64_t cu_cap, int* grid, bool* sm90) {
-  int sms = 0;
-  if (cudaError_t e = device_facts(ordinal, &sms, sm90); e != cudaSuccess)
-    return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
-  *grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
-  return "";
-}
 
 std::atomic<long long> g_runs[2];  // kosmos_moe_forward launches: [0] Hopper builders, [1] portable
 
@@ -217,35 +189,6 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
   return ffi::Error::Success();
 }
 
-static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                                  ffi::AnyBuffer tile_expert, ffi::Result<ffi::AnyBuffer> c) {
-  const char* op = "kosmos_grouped_gemm";
-  auto ad = a.dimensions(), bd = b.dimensions(), td = tile_expert.dimensions();
-  if (ad.size() != 2 || bd.size() != 3 || td.size() != 1 || bd[1] != ad[1])
-    return Fail(op, "need a [M, K], b [E, K, N], tile_expert [M / 128]; got " + dims(ad) + ", " + dims(bd) + ", " + dims(td));
-  const int64_t M = ad[0], K = ad[1], E = bd[0], N = bd[2];
-  if (a.element_type() != ffi::DataType::BF16 || b.element_type() != ffi::DataType::BF16 ||
-      c->element_type() != ffi::DataType::BF16 || tile_expert.element_type() != ffi::DataType::S32)
-    return Fail(op, "a, b, c must be bf16 and tile_expert int32");
-  if (M > INT32_MAX || K > INT32_MAX || N > INT32_MAX || td[0] * 128 != M || !shaped(c->dimensions(), {M, N}))
-    return Fail(op, "M=" + std::to_string(M) + " must be 128 * len(tile_expert)=" + std::to_string(td[0]) +
-                        " and c [M, N]; got c " + dims(c->dimensions()));
-  if (std::string why = grouped_gemm_sm90_unsupported((int)M, (int)N, (int)K, (int)E); !why.empty()) return Fail(op, why);
-  int grid = 0;
-  bool sm90 = false;
-  if (std::string why = grid_of(ordinal, 0, &grid, &sm90); !why.empty()) return Fail(op, why);
-  if (!sm90)
-    return Fail(op, "runs on compute capability 9.0 (H100/H200) only (the Hopper engine; a benchmark facility); "
-                    "ordinal " + std::to_string(ordinal) + " is another generation");
-  DeviceGuard guard(ordinal);
-  if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
-  cudaError_t e = grouped_gemm_sm90_launch(a.untyped_data(), b.untyped_data(), c->untyped_data(),
-                                           static_cast<const int*>(tile_expert.untyped_data()), (int)M, (int)N, (int)K,
-                                           (int)E, grid, stream);
-  if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
-  return ffi::Error::Success();
-}
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -267,12 +210,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                                   .Attr<int64_t>("cu_cap")      // 0 = all SMs
                                   .Attr<int64_t>("movers")      // -1 = default policy
                                   .Attr<int64_t>("switching"));  // 0: fixed crew
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_grouped_gemm_cuda, GroupedGemmCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()    // a [M, K] bf16, rows expert-major, segments of 128
-                                  .Arg<ffi::AnyBuffer>()    // b [E, K, N] bf16
-                                  .Arg<ffi::AnyBuffer>()    // tile_expert [M / 128] int32
-                                  .Ret<ffi::AnyBuffer>());  // c [M, N] bf16

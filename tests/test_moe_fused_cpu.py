@@ -368,6 +368,40 @@ def test_floor_gemm_lowers_to_its_custom_call(no_gpu_needed):
     gg.grouped_gemm(a.astype(jnp.float32), b, jnp.asarray(te))
 
 
+def _one_call(fn, args, target):
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if f"custom_call @{target}(" in line]
+  assert len(calls) == 1, text
+  return calls[0]
+
+
+def test_backward_floor_gemms_lower_to_their_custom_calls(no_gpu_needed):
+  """The backward's floor (dgrad, dgrad2 with the SwiGLU backward, wgrad): one custom call
+  each with the kernel's operands and result; shapes and dtypes refused before lowering."""
+  from kosmos_jax.testing import grouped_gemm as gg
+  per, te = gg.balanced_tiles(200, 3)
+  m, te = 3 * per, jnp.asarray(te)
+  rb = jnp.asarray(gg.expert_row_blocks(np.asarray(te), 3))
+  dy, w2, h1 = jnp.zeros((m, 256), BF16), jnp.zeros((3, 384, 256), BF16), jnp.zeros((m, 768), BF16)
+  call = _one_call(gg.grouped_dgrad, (h1, jnp.zeros((3, 256, 768), BF16), te), "kosmos_grouped_dgrad")
+  assert f"-> tensor<{m}x256xbf16>" in call, call
+  call = _one_call(gg.grouped_swiglu_bwd, (dy, w2, h1, te), "kosmos_grouped_swiglu_bwd")
+  assert f"(tensor<{m}x256xbf16>, tensor<3x384x256xbf16>, tensor<{m}x768xbf16>, tensor<6xi32>)" in call, call
+  assert f"-> tensor<{m}x768xbf16>" in call, call
+  call = _one_call(gg.grouped_wgrad, (h1[:, :384], dy, rb), "kosmos_grouped_wgrad")
+  assert "-> tensor<3x384x256xbf16>" in call, call
+  with pytest.raises(ValueError, match=r"a.shape=\(768, 768\) and b.shape=\(3, 256, 512\) must be"):
+    gg.grouped_dgrad(h1, jnp.zeros((3, 256, 512), BF16), te)
+  with pytest.raises(ValueError, match=r"h1.shape=\(768, 700\) must be"):
+    gg.grouped_swiglu_bwd(dy, w2, jnp.zeros((m, 700), BF16), te)
+  with pytest.raises(ValueError, match=r"tile_expert.shape=\(5,\) must be \(6,\)"):
+    gg.grouped_swiglu_bwd(dy, w2, h1, te[:5])
+  with pytest.raises(ValueError, match=r"P=200 must be multiples of 128"):
+    gg.grouped_wgrad(h1[:, :200], dy, rb)
+  with pytest.raises(ValueError, match=r"expert_rb.dtype=float32"):
+    gg.grouped_wgrad(h1[:, :384], dy, rb.astype(jnp.float32))
+
+
 def test_nn_module_takes_and_checks_launch():
   from flax import nnx
   from kosmos_jax.nn import MoE

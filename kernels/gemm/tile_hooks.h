@@ -67,6 +67,20 @@
 //                      x @ W[e]: [E * K, N]), its TMA descriptor spans them all, and tile
 //                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
 //                      portable engine refuses it at compile time.
+//  b_row0(t)           (Hopper engine, when kRowsB) the producer thread, before
+//                      tile t's loads: the row of B (engine n) where tile t's
+//                      operand starts. B then holds several [N, K] operands
+//                      stacked along n (a grouped dgrad's experts, dY @ W[e]^T
+//                      with W [E, N, K] K-major: [E * N, K]); tile t reads rows
+//                      [b_row0 + t.n * kBN, + kBN) of it, so an operand's rows
+//                      past N (the next one's) reach only columns past N,
+//                      which no store keeps.
+//  k_range(t, &kb0, &kblocks)  (Hopper engine, when kKRange) the producer
+//                      thread and every consumer thread (so a pure function of
+//                      t), before tile t: the k-blocks [kb0, kb0 + kblocks) of
+//                      A and B that tile t contracts; kblocks may be 0 (the
+//                      tile is zeros). A grouped weight gradient's experts are
+//                      row ranges of its contraction (X[e]^T @ dY[e]).
 //  b_halves(t, &lo, &hi)  (when kSplitB) before tile t's loads: B's kBN rows of
 //                      tile t come as two halves from two row blocks of B,
 //                      half-blocks lo and hi (in units of kBN / 2 rows) into the
@@ -119,6 +133,8 @@ KOSMOS_HOOK_FLAG(store_boxes, kStoreBoxes)  // absent: mapped rows leave one by 
 KOSMOS_HOOK_FLAG(groups_b, kGroupedB)       // absent: every tile reads the Problem's B from k = 0
 KOSMOS_HOOK_FLAG(sources_b, kBSource)       // absent: every tile reads the Problem's B
 KOSMOS_HOOK_FLAG(splits_b, kSplitB)         // absent: a tile's B rows are one block of kBN
+KOSMOS_HOOK_FLAG(rows_b, kRowsB)            // absent: tile n reads B's rows from n * kBN
+KOSMOS_HOOK_FLAG(ranges_k, kKRange)         // absent: every tile contracts all of K
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 KOSMOS_HOOK_FLAG(keeps_preact, kKeepsPreact) // absent: a staging type stores no pre-activations (MoE GEMM1's preact)
 #undef KOSMOS_HOOK_FLAG

@@ -37,6 +37,16 @@ KOSMOS_DEVICE float moe_swiglu(float gate, float up) {
   const float d = fminf(1.0f + expf(-g), 0x1p125f);
   return g * moe_rcp(d) * u;
 }
+
+// The SwiGLU backward of one column: from da = dL/d(silu(g) * u) (fp32, the
+// dgrad2 accumulator, not rounded) and the forward's bf16 pre-activations g, u
+// (as fp32), *dg = da * u * s * (1 + g * (1 - s)) and *du = da * g * s with
+// s = sigmoid(g): the twin's _swiglu_bwd, each rounded once by the caller.
+KOSMOS_DEVICE void moe_swiglu_bwd(float da, float g, float u, float* dg, float* du) {
+  const float s = moe_rcp(fminf(1.0f + expf(-g), 0x1p125f));
+  *dg = da * u * s * (1.0f + g * (1.0f - s));
+  *du = da * g * s;
+}
 #endif
 
 }  // namespace kosmos::moe

@@ -270,8 +270,9 @@ def _swiglu(h1):
   return jax.nn.silu(g) * u
 
 
-def _swiglu_bwd(h1, da):
-  """d(pre-activations) [..., 2I] fp32 from d(silu(g)*u) [..., I]."""
+def swiglu_backward(h1, da):
+  """d(pre-activations) [..., 2I] fp32 from d(silu(g)*u) [..., I] (dgrad2's epilogue;
+  also the check of the backward floor's kosmos_grouped_swiglu_bwd)."""
   g, u = jnp.split(h1.astype(F32), 2, axis=-1)
   sig = jax.nn.sigmoid(g)
   da = da.astype(F32)
@@ -298,7 +299,7 @@ def _expert_grads(dyr, xr, h1, w1, w2, precision):
   wgrad2, dgrad1, wgrad1, all accumulated in fp32."""
   dt = xr.dtype
   da = jnp.einsum("erh,eih->eri", dyr, w2, preferred_element_type=F32, precision=precision)
-  dh1 = _swiglu_bwd(h1, da).astype(dt)
+  dh1 = swiglu_backward(h1, da).astype(dt)
   dw2 = jnp.einsum("eri,erh->eih", _swiglu(h1).astype(dt), dyr, preferred_element_type=F32,
                    precision=precision)
   dxr = jnp.einsum("erf,ehf->erh", dh1, w1, preferred_element_type=F32, precision=precision)
@@ -326,7 +327,7 @@ def shared_backward(dy, x, hs, sw1, sw2, precision=None):
   """(dx fp32, dsw1, dsw2) of `shared_forward`."""
   dt = x.dtype
   da = jnp.einsum("th,ih->ti", dy, sw2, preferred_element_type=F32, precision=precision)
-  dhs = _swiglu_bwd(hs, da).astype(dt)
+  dhs = swiglu_backward(hs, da).astype(dt)
   dsw2 = jnp.einsum("ti,th->ih", _swiglu(hs).astype(dt), dy, preferred_element_type=F32,
                     precision=precision)
   dx = jnp.einsum("tf,hf->th", dhs, sw1, preferred_element_type=F32, precision=precision)

@@ -164,8 +164,9 @@ struct TileEngine {
   // peers write it during the launch (as every other read of moved rows is).
   template <class Hooks>
   static KOSMOS_DEVICE Acc mainloop(const gemm::Problem& p, gemm::TileCoord t, Smem& s, Hooks& h) {
-    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks> && !gemm::groups_b_v<Hooks>,
-                  "store_box, tile_phase and b_kblock0 are Hopper engine hooks");
+    static_assert(!gemm::store_boxes_v<Hooks> && !gemm::traces_tiles_v<Hooks> && !gemm::groups_b_v<Hooks> &&
+                      !gemm::rows_b_v<Hooks> && !gemm::ranges_k_v<Hooks>,
+                  "store_box, tile_phase, b_kblock0, b_row0 and k_range are Hopper engine hooks");
     constexpr bool kCgA = gemm::split_a_v<Hooks>;
     const ASrc a = a_of(p, t, h);
     Acc acc;

@@ -60,10 +60,30 @@ struct TileEngine {
     __syncthreads();
   }
 
+  // The k-blocks [*kb0, *kb0 + return) tile t contracts: all of K, or the
+  // hooks' range (kKRange: a grouped weight gradient's expert rows).
+  static CUTE_DEVICE int k_blocks(const P& p, gemm::TileCoord t, Hooks& h, int* kb0) {
+    *kb0 = 0;
+    int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
+    if constexpr (gemm::ranges_k_v<Hooks>) h.k_range(t, kb0, &kblocks);
+    return kblocks;
+  }
+
+  // B as the (N, K) coordinate tensor TMA reads, from row b_row0 (kRowsB: the
+  // first row of tile t's operand in a stack of them along n).
+  static CUTE_DEVICE auto b_rows(const P& p, const typename P::TmaB& tma_b, gemm::TileCoord t, Hooks& h) {
+    if constexpr (gemm::rows_b_v<Hooks>) {
+      return domain_offset(make_coord(h.b_row0(t), 0), tma_b.get_tma_tensor(make_shape(p.N, p.K)));
+    } else {
+      return tma_b.get_tma_tensor(make_shape(p.N, p.K));
+    }
+  }
+
   // Producer thread: stream tile t's k-blocks of A and B into the ring. Hooks may
   // name another A (kSplitA a_source: [a_rows, K] in parameter space, at tile row
   // a_tile_m), another B (kBSource b_source), B's first k-block (kGroupedB) or
-  // B's two half-blocks (kSplitB); one load loop: 40 registers.
+  // row (kRowsB), B's two half-blocks (kSplitB), or the k-blocks to contract
+  // (kKRange); one load loop: 40 registers.
   static CUTE_DEVICE void produce_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h) {
     const typename P::TmaA* a = &p.tma_a;
     int a_rows = p.M, a_tile_m = t.m;
@@ -83,34 +103,36 @@ struct TileEngine {
     const typename P::TmaB& tma_b = *b;
     Tensor gA =
         local_tile(tma_a.get_tma_tensor(make_shape(a_rows, p.K)), make_shape(BM{}, BK{}), make_coord(a_tile_m, _));
-    Tensor gB = local_tile(tma_b.get_tma_tensor(make_shape(p.N, p.K)), make_shape(BN{}, BK{}), make_coord(t.n, _));
+    Tensor gB = local_tile(b_rows(p, tma_b, t, h), make_shape(BN{}, BK{}), make_coord(t.n, _));
     Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
     Tensor sB = make_tensor(make_smem_ptr(s.sb()), typename Cfg::RingB{});
     // (TMA, k-block) sources and (TMA, stage) destinations.
     auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto [tBg, tBs] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     h.before_tile(t);
-    const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
+    int kb0 = 0;
+    const int kblocks = k_blocks(p, t, h, &kb0);
     for (int k = 0; k < kblocks; ++k) {
-      h.before_k(t, k * Cfg::kBK);
+      h.before_k(t, (kb0 + k) * Cfg::kBK);
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
-      copy(tma_a.with(s.full[ring.slot]), tAg(_, k), tAs(_, ring.slot));
+      copy(tma_a.with(s.full[ring.slot]), tAg(_, kb0 + k), tAs(_, ring.slot));
       if constexpr (gemm::splits_b_v<Hooks>) {
-        load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_kb0 + k);
+        load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_kb0 + kb0 + k);
       } else {
-        copy(tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + k), tBs(_, ring.slot));
+        copy(tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + kb0 + k), tBs(_, ring.slot));
       }
       ring.advance(kStages);
     }
   }
 
-  // Consumers: acc = sum over k-blocks of A_tile . B_tile^T, keeping one wgmma
-  // batch in flight so the tensor cores never wait for the release handshake.
-  // at_k(k, kblocks) runs on every consumer thread once k-block k's batch is
-  // in flight and k - 1's stage released (Staging::in_mainloop).
+  // Consumers: acc = sum over the tile's kblocks k-blocks of A_tile . B_tile^T
+  // (none: zeros), keeping one wgmma batch in flight so the tensor cores never
+  // wait for the release handshake. at_k(k, kblocks) runs on every consumer
+  // thread once k-block k's batch is in flight and k - 1's stage released
+  // (Staging::in_mainloop).
   template <class Thr, class Acc, class AtK>
-  static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, const Thr& thr, Acc& acc, const AtK& at_k) {
+  static CUTE_DEVICE void mainloop(S& s, Ring& ring, int kblocks, const Thr& thr, Acc& acc, const AtK& at_k) {
     // A stage may be overwritten once every consumer warp's wgmmas that read it have completed.
     auto release = [&](int slot) {
       if (threadIdx.x % 32 == 0) mbar_arrive(&s.empty[slot]);
@@ -121,7 +143,7 @@ struct TileEngine {
     Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, MMA_M, MMA_K, stage) descriptors
     Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
     mma.accumulate_ = GMMA::ScaleOut::Zero;  // the first wgmma overwrites: no separate clear
-    const int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
+    if (kblocks == 0) clear(acc);           // unless there is none
     int prev = -1;
     for (int k = 0; k < kblocks; ++k) {
       mbar_wait(&s.full[ring.slot], ring.phase, "stage full");
@@ -193,7 +215,9 @@ struct TileEngine {
       }
     };
     phase(gemm::TilePhase::kClaimed);
-    mainloop(p, s, ring, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
+    int kb0 = 0;
+    const int kblocks = k_blocks(p, t, h, &kb0);
+    mainloop(s, ring, kblocks, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {

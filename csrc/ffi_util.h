@@ -1,0 +1,49 @@
+// Small helpers of the MoE FFI handlers (moe_fwd_cuda.cu, grouped_cuda.cu):
+// errors that name the op and the values, shape checks, the launch grid.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "device.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace kosmos::ffi_util {
+
+namespace ffi = xla::ffi;
+
+inline ffi::Error Fail(const char* op, const std::string& why) {
+  return ffi::Error::InvalidArgument(std::string(op) + ": " + why);
+}
+
+inline ffi::Error CudaFail(const char* op, const char* what, int ordinal, cudaError_t e) {
+  return ffi::Error::Internal(std::string(op) + ": " + what + " on ordinal " + std::to_string(ordinal) + ": " +
+                              cudaGetErrorString(e));
+}
+
+inline std::string dims(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+inline bool shaped(ffi::AnyBuffer::Dimensions d, std::initializer_list<int64_t> want) {
+  if (d.size() != want.size()) return false;
+  size_t i = 0;
+  for (int64_t w : want)
+    if (d[i++] != w) return false;
+  return true;
+}
+
+// The grid (one CTA per SM, or cu_cap of them) and whether the device runs sm_90a code.
+inline std::string grid_of(int ordinal, int64_t cu_cap, int* grid, bool* sm90) {
+  int sms = 0;
+  if (cudaError_t e = device_facts(ordinal, &sms, sm90); e != cudaSuccess)
+    return std::string("device query on ordinal ") + std::to_string(ordinal) + ": " + cudaGetErrorString(e);
+  *grid = (int)(cu_cap > 0 && cu_cap < sms ? cu_cap : sms);
+  return "";
+}
+
+}  // namespace kosmos::ffi_util

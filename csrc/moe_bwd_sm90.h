@@ -1,0 +1,26 @@
+// Hopper launchers of the MoE backward's expert GEMMs (csrc/moe_bwd_sm90.cu,
+// built for sm_90a only; kernels/moe/grouped_bwd_sm90.cuh): the backward's
+// floor, one launch per GEMM over every expert at once. The FFI handlers
+// (grouped_cuda.cu) check the operands; this is preparation and launch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace kosmos {
+
+// dgrad: C [M, N] = A [M, K] @ B[tile_expert[m / 128]]^T, B [E, N, K]; "" or why not.
+std::string grouped_dgrad_sm90_unsupported(int M, int N, int K, int E);
+cudaError_t grouped_dgrad_sm90_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N,
+                                      int K, int E, int grid, cudaStream_t stream);
+// dgrad2 with the SwiGLU backward: dh1 [M, 2I] from dy [M, H], w2 [E, I, H], h1 [M, 2I].
+cudaError_t grouped_swiglu_bwd_sm90_launch(const void* dy, const void* w2, const void* h1, void* dh1,
+                                           const int* tile_expert, int M, int I, int H, int E, int grid,
+                                           cudaStream_t stream);
+// wgrad: C [E, P, Q], C[e] = A[rows of e]^T @ B[rows of e]; A [R, P], B [R, Q],
+// expert_rb [E + 1] (row blocks of 128); "" or why not.
+std::string grouped_wgrad_sm90_unsupported(int R, int P, int Q, int E);
+cudaError_t grouped_wgrad_sm90_launch(const void* a, const void* b, void* c, const int* expert_rb, int R, int P, int Q,
+                                      int E, int grid, cudaStream_t stream);
+
+}  // namespace kosmos
