@@ -39,6 +39,11 @@ Arms, forward only, each under jax.jit with its own warm-up and sustained timing
                wgrad2 act^T dY and wgrad1 X^T dh1; kosmos_grouped_dgrad: dgrad1 dh1 @ W1[e]^T),
                plus the shared expert's four as one-expert launches: the backward's floor.
                Not part of the default run (name it in --arms).
+  train_reference, train_fused
+               jax.grad of kosmos_jax.moe.moe_layer (forward + backward, gradients of x and
+               every weight) with impl="reference" / "fused" (both directions fused: the
+               backward's megakernel, with the router's and the shared expert's gradients
+               in XLA). Not part of the default run.
 An arm that cannot run here is recorded with its reason (status unavailable / failed),
 never replaced by another implementation.
 
@@ -46,7 +51,8 @@ TFLOP/s count the routed FLOPs, 2 t k h 2I + 2 t k I h = 6 t k h I, plus the sha
 expert's 6 t h I_s where the preset has one (DeepSeek-V3, Llama 4): every arm computes
 it (the floor with its two extra GEMMs), so every arm of a preset counts the same FLOPs.
 The router (2 t h E) and the SwiGLU are not counted. frac_of_floor = floor / arm time.
-floor_bwd counts the backward's: twice the forward's (its gflop column says so).
+floor_bwd counts the backward's: twice the forward's; the train arms three times (the
+gflop column says so).
 
   python benchmarks/moe.py                                   # one H200: everything
   python benchmarks/moe.py --presets deepseek-v3 --routing skewed --arms fused,floor
@@ -84,8 +90,11 @@ from kosmos_jax.testing import grouped_gemm as gg  # noqa: E402
 from kosmos_jax.testing import moe_forward_built, moe_forward_xla_part  # noqa: E402
 
 BF16 = jnp.bfloat16
-ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part", "floor_bwd")
-BACKWARD_ARMS = ("floor_bwd",)  # count the backward's FLOPs (twice the forward's)
+ARMS = ("reference", "fused", "fused_fixed", "floor", "xla_part", "floor_bwd", "train_reference", "train_fused")
+# Arms that are not the forward, and their FLOPs in forwards: the backward's are twice the
+# forward's, a training step's (forward + backward) three times.
+FLOP_FACTOR = {"floor_bwd": 2, "train_reference": 3, "train_fused": 3}
+BACKWARD_ARMS = tuple(FLOP_FACTOR)
 ROUTINGS = ("balanced", "skewed")
 NAMES = ("router_w", "gate_up", "down", "shared_gate_up", "shared_down", "expert_bias")
 LOGIT_SCALE = 4.0  # c: a chosen expert's logit is ~ +4, the others' ~ -4
@@ -266,6 +275,26 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
                                out_specs=(P("ep"), P())))
 
 
+def train_arm(cfg: moe.MoEConfig, names: tuple, impl: str):
+  """jit(shard_map) of jax.grad of moe_layer (loss: <y, 1> + aux) over the EP mesh:
+  (x, *params) -> the gradients of x and every parameter."""
+  if impl == "fused":
+    for op in ("moe_forward", "moe_backward"):
+      ok, why = ops.fused_status(op)
+      if not ok:
+        raise Unavailable(f"fused {op} unavailable: {why}")
+
+  def local(x, *ps):
+    def loss(x, *ps):
+      y, aux = moe.moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)[:2]
+      return jnp.sum(y.astype(jnp.float32)) + aux
+    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
+
+  specs = {"gate_up": P("ep"), "down": P("ep")}
+  in_specs = (P("ep"), *[specs.get(n, P()) for n in names])
+  return jax.jit(jax.shard_map(local, mesh=_mesh(), in_specs=in_specs, out_specs=in_specs))
+
+
 def xla_part_arm(cfg: moe.MoEConfig, names: tuple):
   """What the fused arm runs in XLA before its launch (routing, aux loss), timed alone:
   the fused arm's time minus this is the launch's (and the layout's)."""
@@ -387,13 +416,15 @@ def bench(name: str, routing: str, args) -> list[dict]:
       elif arm == "floor_bwd":
         fn = floor_bwd_arm()
         arm_sets = harness.rotation(lambda i: floor_bwd_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 4)
+      elif arm in ("train_reference", "train_fused"):
+        fn, arm_sets = train_arm(cfg, names, arm.split("_")[1]), sets
       elif arm == "xla_part":
         fn, arm_sets = xla_part_arm(cfg, names), sets
       else:
         launch = MoeLaunch(switching=False) if arm == "fused_fixed" else None
         fn, arm_sets = layer_arm(cfg, names, "reference" if arm == "reference" else "fused", launch), sets
       began = time.strftime("%H:%M:%S")
-      arm_gflop = gflop * (2 if arm in BACKWARD_ARMS else 1)
+      arm_gflop = gflop * FLOP_FACTOR.get(arm, 1)
       tm = time_arm(fn, arm_sets, args, arm_gflop)
       # Wall-clock window of the timing, to read beside scripts/gpu_moe.sh's CLOCKS=1 samples.
       print(f"timed {name} {routing} {arm}: {began}-{time.strftime('%H:%M:%S')}", file=sys.stderr)
@@ -502,6 +533,8 @@ def table(rows, arms) -> str:
             "- floor_bwd: the backward's four expert GEMMs alone on the same rows (dgrad2 with the SwiGLU "
             "backward, wgrad2, dgrad1, wgrad1; the shared expert's too); its TF/s count the backward's FLOPs, "
             "twice the forward's.",
+            "- train_*: jax.grad of moe_layer (forward + backward) with impl reference / fused; TF/s count "
+            "three forwards' FLOPs.",
             "- xla_part: what the fused arm still runs as XLA ops before its launch (routing, aux loss), "
             "timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
             "- max load: largest expert count / mean of the router's picks (1.00 = exactly balanced); "

@@ -46,4 +46,14 @@ inline std::string grid_of(int ordinal, int64_t cu_cap, int* grid, bool* sm90) {
   return "";
 }
 
+// The MoE megakernels' movers: the gather of t*k rows runs ahead of the first
+// GEMM with about one CTA in 8 (an SM copies ~50 GB/s: benchmarks/RESULTS.md,
+// Transport); a fixed crew keeps a builder. movers < 0: this rule.
+inline int moe_movers(int64_t movers, int grid, bool switching) {
+  int mv = movers < 0 ? grid / 8 : (int)(movers > grid ? grid : movers);
+  mv = mv < 1 ? 1 : mv > 16 && movers < 0 ? 16 : mv;
+  if (!switching && mv > grid - 1) mv = grid - 1;
+  return mv;
+}
+
 }  // namespace kosmos::ffi_util

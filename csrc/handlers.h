@@ -19,6 +19,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
 // kosmos_moe_forward: the MoE layer's forward at EP = 1 in one launch: plan, gather,
 // GEMM1 + SwiGLU, GEMM2, fold (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
+// kosmos_moe_backward: the MoE layer's backward at EP = 1 in one launch: plan, gather dY,
+// dgrad2 + SwiGLU backward, dgrad1, wgrads, fold of dX (kernels/moe/bwd_sm90.cuh;
+// contract: kosmos_jax/ops/_fused_moe_bwd.py).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_backward_cuda);
 // The MoE expert GEMMs alone, every expert's rows at once: the MoE benchmark's floor
 // (kosmos_jax.testing.grouped_gemm; csrc/grouped_cuda.cu). kosmos_grouped_gemm: C = A @ B[e];
 // kosmos_grouped_dgrad: C = A @ B[e]^T; kosmos_grouped_swiglu_bwd: dgrad2 with the SwiGLU

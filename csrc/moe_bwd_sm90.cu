@@ -1,7 +1,9 @@
 // Preparation and launch of the MoE backward's expert GEMMs with Hopper
 // builders (sm_90a only).
+#include "moe/bwd_sm90.cuh"
 #include "moe/grouped_bwd_sm90.cuh"
 #include "moe_bwd_sm90.h"
+#include "sm90_prepare.h"
 
 namespace kosmos {
 namespace {
@@ -11,8 +13,33 @@ namespace {
 // wgrads MN-major x MN-major (gemm/tile_problem.h).
 using DgradCfg = sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>;
 using WgradCfg = sm90::TileConfig<gemm::Layout::NT, 128, 256, 3>;
+Sm90State g_state;
 
 }  // namespace
+
+std::string moe_bwd_sm90_prepare(int ordinal) {
+  if (ordinal >= 0 && ordinal < kSm90Ordinals && g_state[ordinal] != 0) return "";
+  return prepare_sm90("kosmos_moe_backward",
+                      reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg>),
+                      DgradCfg::kThreads, (int)sm90::SharedStorage<DgradCfg>::kLaunchBytes, ordinal, g_state,
+                      set_timeout_mailbox, TimeoutUnit::kMoeBwdSm90);
+}
+
+bool moe_bwd_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }
+
+std::string moe_bwd_sm90_unsupported(int H, int I, int E, int k) { return moe::moe_bwd_sm90_unsupported(H, I, E, k); }
+
+// A dgrad2 tile is kBN columns of I (d(gate) and d(up) of them), a dgrad1 tile kBN of H.
+void moe_bwd_sm90_columns(int H, int I, int* nt1, int* nt2) {
+  *nt1 = (I + DgradCfg::kBN - 1) / DgradCfg::kBN;
+  *nt2 = (H + DgradCfg::kBN - 1) / DgradCfg::kBN;
+}
+
+cudaError_t moe_bwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* x_rows,
+                                const void* act, const void* h1, void* dh1, void* dw1, void* dw2, int grid,
+                                cudaStream_t stream) {
+  return moe::moe_bwd_sm90_launch<DgradCfg, WgradCfg>(m, w1, w2, x_rows, act, h1, dh1, dw1, dw2, grid, stream);
+}
 
 std::string grouped_dgrad_sm90_unsupported(int M, int N, int K, int E) {
   return moe::dgrad_unsupported<DgradCfg>(M, N, K, E);

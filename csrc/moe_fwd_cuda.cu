@@ -53,15 +53,6 @@ std::string prepare_engine(bool sm90, int ordinal) {
   return why;
 }
 
-// Movers: the gather of t*k rows runs ahead of GEMM1 with about one CTA in 8
-// (an SM copies ~50 GB/s: benchmarks/RESULTS.md, Transport); a fixed crew keeps a builder.
-int moe_movers(int64_t movers, int grid, bool switching) {
-  int mv = movers < 0 ? grid / 8 : (int)(movers > grid ? grid : movers);
-  mv = mv < 1 ? 1 : mv > 16 && movers < 0 ? 16 : mv;
-  if (!switching && mv > grid - 1) mv = grid - 1;
-  return mv;
-}
-
 // One call's sizes, the engine's column blocks and rows, the grid and the knobs.
 struct MoeCall {
   int64_t t, H, k, E, I;
@@ -95,6 +86,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, 
   m.order = reinterpret_cast<int*>(base + L.order);
   m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
   m.act = reinterpret_cast<bf16_t*>(base + L.act);
+  m.h1 = reinterpret_cast<bf16_t*>(base + L.h1);
   m.y_rows = static_cast<bf16_t*>(y_rows);
   m.movers = moe_movers(c.movers, c.grid, c.switching);
   m.switching = c.switching;

@@ -14,7 +14,8 @@ enum class TimeoutUnit : int {
   kBulkAgSm90 = 2,  // csrc/bulk_ag_nn_sm90.cu
   kBulkRsSm90 = 3,  // csrc/bulk_rs_nt_sm90.cu
   kMoeFwdSm90 = 4,  // csrc/moe_fwd_sm90.cu
-  kCount = 5
+  kMoeBwdSm90 = 5,  // csrc/moe_bwd_sm90.cu
+  kCount = 6
 };
 
 // The records of (ordinal, unit), creating the mailbox and starting its printer

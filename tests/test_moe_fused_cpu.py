@@ -200,18 +200,20 @@ def test_workspace_formula():
   # DeepSeek-V3 at 8192 tokens: R = 8192 * 8 + 256 * 127 = 98048 (a multiple of 128).
   r = moe_arena_rows(8192, 8, 256)
   assert r == 98048
+  # The last section: the routed pre-activations h1 [R, 2I] (the backward's residual).
   assert moe_workspace_bytes(8192, 8, 256, 7168, 2048, False) == (
-      65536 + al(98048 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2) + al(98048 * 2048 * 2))
+      65536 + al(98048 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2) + al(98048 * 2048 * 2)
+      + al(98048 * 4096 * 2))
   # With its shared expert: S = 8192 more rows of flags and activations.
   assert moe_shared_rows(8192, True) == 8192 and moe_shared_rows(8192, False) == 0
   assert moe_workspace_bytes(8192, 8, 256, 7168, 2048, True) == (
       65536 + al(106240 // 128 * 32) + al(64 * 256 * 4) + al(98048 * 4) + al(98048 * 7168 * 2)
-      + al(106240 * 2048 * 2))
+      + al(106240 * 2048 * 2) + al(98048 * 4096 * 2))
   # Tiny: R = roundup(5 * 2 + 8 * 127, 128) = 1152; one token block; S = 128.
   assert moe_arena_rows(5, 2, 8) == 1152
-  assert moe_workspace_bytes(5, 2, 8, 64, 128, False) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912
+  assert moe_workspace_bytes(5, 2, 8, 64, 128, False) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912 + 589824
   assert moe_shared_rows(5, True) == 128
-  assert moe_workspace_bytes(5, 2, 8, 64, 128, True) == 65536 + 1024 + 1024 + 5120 + 147456 + 327680
+  assert moe_workspace_bytes(5, 2, 8, 64, 128, True) == 65536 + 1024 + 1024 + 5120 + 147456 + 327680 + 589824
   # k > E: a token picks an expert at most once, so t * min(k, E) pairs.
   assert moe_arena_rows(3, 4, 2) == -(-(3 * 2 + 2 * 127) // 128) * 128
 

@@ -19,10 +19,12 @@
 //          block n of H, K = 2I. Waits for kGemm1[rb]; completes kGemm2[rb],
 //          which units (the dX combine) and the fold wait for.
 //
-// then per expert (the routed ones in order, then the shared expert), once its
-// row blocks' dgrad2 tiles are done (every wgrad tile follows every dgrad2
-// tile in the queue, so they are claimed; a wgrad waits on nothing else, and
-// nothing in the launch waits on a wgrad):
+// then every expert's wgrad2 tiles, then every expert's wgrad1 tiles (the
+// routed experts in order, then the shared expert; kind-major, so a Hopper
+// builder switches its engine's operands at most twice more), each once its
+// expert's row blocks' dgrad2 tiles are done (every wgrad tile follows every
+// dgrad2 tile in the queue, so they are claimed; a wgrad waits on nothing
+// else, and nothing in the launch waits on a wgrad):
 //
 //  wgrad2  kind 3, tile n of nw2: a block of dW2[x] [I, H] = act[x]^T @ dY_rows[x]
 //  wgrad1  kind 4, tile n of nw1: a block of dW1[x] [H, 2I] = X_rows[x]^T @ d(gate | up)[x]
@@ -40,9 +42,13 @@ namespace kosmos::moe {
 
 enum class MoeBwdKind : int { kDgrad2 = 1, kDgrad1 = 2, kWgrad2 = 3, kWgrad1 = 4 };
 
-// Weight-gradient tiles per expert: of dW2 [I, H] and of dW1 [H, 2I].
+// Weight-gradient tiles per expert: of dW2 [I, H] and of dW1 [H, 2I]; an
+// engine that builds them says how many column blocks a row of tiles has
+// (cols2, cols1: tile n is row n / cols, column n % cols; 0 where no engine
+// needs it, as in the host emulation).
 struct MoeWgradTiles {
   int nw2, nw1;
+  int cols2 = 0, cols1 = 0;
 };
 
 // Experts with weight gradients on this rank: the local ones, and the shared one.
@@ -55,13 +61,26 @@ KOSMOS_HD inline int moe_n_bwd_build(const MoeFwdShape& s, const MoeLayout& L, c
 }
 
 // Build item j: the forward's items as dgrad2 / dgrad1, then the wgrads,
-// expert-major (rb unused: -1; x = e_local is the shared expert).
+// kind-major, expert-major within a kind (rb unused: -1; x = e_local is the
+// shared expert).
 KOSMOS_HD inline MoeTile moe_bwd_build_item(const MoeFwdShape& s, const MoeLayout& L, const MoeWgradTiles& w, int j) {
-  const int nd = moe_n_build(s, L);
+  const int nd = moe_n_build(s, L), q = j - nd, all2 = moe_bwd_experts(s) * w.nw2;
   if (j < nd) return moe_build_item(s, L, j);
-  const int q = j - nd, per = w.nw2 + w.nw1, r = q % per;
-  return r < w.nw2 ? MoeTile{(int)MoeBwdKind::kWgrad2, -1, q / per, r}
-                   : MoeTile{(int)MoeBwdKind::kWgrad1, -1, q / per, r - w.nw2};
+  return q < all2 ? MoeTile{(int)MoeBwdKind::kWgrad2, -1, q / w.nw2, q % w.nw2}
+                  : MoeTile{(int)MoeBwdKind::kWgrad1, -1, (q - all2) / w.nw1, (q - all2) % w.nw1};
+}
+
+// A build tile as an engine's (row, column) of its GEMM: a dgrad's row block
+// and column block; a wgrad's row of dW tiles (expert x's rows per = nw / cols
+// first) and column block.
+KOSMOS_HD inline void moe_bwd_coord(const MoeWgradTiles& w, const MoeTile& t, int* m, int* n) {
+  if (t.gemm <= (int)MoeBwdKind::kDgrad1) {
+    *m = t.rb, *n = t.n;
+    return;
+  }
+  const bool two = t.gemm == (int)MoeBwdKind::kWgrad2;
+  const int cols = two ? w.cols2 : w.cols1, per = (two ? w.nw2 : w.nw1) / cols;
+  *m = t.x * per + t.n / cols, *n = t.n % cols;
 }
 
 // Row blocks [*first, *last) of expert x (e_local: the shared expert's).

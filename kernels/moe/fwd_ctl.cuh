@@ -66,6 +66,7 @@ struct MoeFwdParams {
   int* order;             // [t*k] pairs in the packed plan order
   bf16_t* arena;          // [R][H] the experts' input rows
   bf16_t* act;            // [R + S][I] SwiGLU outputs
+  bf16_t* h1;             // [R][2I] routed pre-activations (bf16, gate | up), kept for the backward
   bf16_t* y_rows;         // [R + S][H] the experts' output rows (the shared expert's last)
   int movers, switching;
   uint64_t timeout_ns;

@@ -250,7 +250,8 @@ KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
 
 // Dispatch part m at EP = 1: our rows for expert m.x from token group m.g,
 // gathered into their arena rows (a warp per row, moe_copy_row). Input gating
-// sends bf16(w * x), the twin's rounding of the scaled row.
+// sends bf16(w * x), the twin's rounding of the scaled row. The last group's
+// part also zeroes the segment's padding rows.
 KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
   const TraceSpan span;
   const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H;
@@ -263,6 +264,16 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
     const uint4* from = reinterpret_cast<const uint4*>(p().x + (size_t)(q / k) * H);
     uint4* to = reinterpret_cast<uint4*>(p().arena + (size_t)(at + r) * H);
     moe_copy_row(from, to, H / 8, lane, p().input_gating != 0, p().input_gating ? p().weights[q] : 1.f);
+  }
+  // The segment's padding rows become zeros (the last group's part, before the
+  // expert's arrival is released): their products are then zeros, and the
+  // backward's weight gradients contract whole row blocks of them.
+  if (m.g == s().groups - 1) {
+    const int rows = moe_src(s(), layout(), m.x, s().ep), padded = (layout().rb[m.x + 1] - layout().rb[m.x]) * s().tile_m;
+    for (int r = rows + warp; r < padded; r += blockDim.x / 32) {
+      uint4* to = reinterpret_cast<uint4*>(p().arena + (size_t)(at + r) * H);
+      for (int v = lane; v < H / 8; v += 32) to[v] = make_uint4(0, 0, 0, 0);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (m.x * s().groups + m.g) * s().ep + m.dst);

@@ -122,9 +122,10 @@ struct MoePortableOps : MoeLocalOps {
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceBuild, 2);
   }
 
-  // act's rows of t.rb, columns [64 t.n, + 64): silu(gate) * up, rounded once.
-  // The shared expert's tiles read x and its own weights, and keep their bf16
-  // pre-activations (hs: gate columns, then up, I further on).
+  // act's rows of t.rb, columns [64 t.n, + 64): silu(gate) * up, rounded once,
+  // and their bf16 pre-activations for the backward (h1's arena rows, the
+  // shared expert's hs: gate columns, then up, I further on). The shared
+  // expert's tiles read x and its own weights.
   KOSMOS_DEVICE void swiglu_tile(const MoeTile& t) {
     using E = MoePortableEngine;
     const int H = p().H, I = p().I, m0 = s().shared_rb0;
@@ -138,7 +139,9 @@ struct MoePortableOps : MoeLocalOps {
     for (int i = 0; i < E::kSub; ++i) {
       const int row = t.rb * E::kBM + E::acc_row(i), tok = row - m0 * E::kBM;
       bf16_t* out = p().act + (size_t)row * I + t.n * kMoePortableCols1;
-      bf16_t* pre = shared && tok < s().tokens ? p().hs + (size_t)tok * 2 * I + t.n * kMoePortableCols1 : nullptr;
+      bf16_t* pre = !shared              ? p().h1 + (size_t)row * 2 * I + t.n * kMoePortableCols1
+                    : tok < s().tokens   ? p().hs + (size_t)tok * 2 * I + t.n * kMoePortableCols1
+                                         : nullptr;
 #pragma unroll
       for (int j = 0; j < E::kSub / 2; ++j) {
         const float g = acc.v[i][j], u = acc.v[i][j + E::kSub / 2];

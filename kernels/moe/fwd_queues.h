@@ -60,6 +60,13 @@ struct MoeTile {
   int rb, x;   // row block (rows [rb * tile_m, + tile_m)), its local expert (e_local: the shared expert)
   int n;       // column block
 };
+// A Hopper build's passes (one engine run per GEMM; static shared memory, the
+// producer thread's): the claimed tile the next pass starts with (gemm == 0:
+// none), and the tiles run so far (moe/fwd_sm90.cuh, moe/bwd_sm90.cuh).
+struct MoePass {
+  MoeTile pending;
+  int ran;
+};
 // The local expert whose segment holds row block rb: the last x with rb[x] <= rb
 // (empty experts share their successor's start).
 KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int rb) {

@@ -5,7 +5,8 @@
 // weights, the SwiGLU in the epilogue: moe/swiglu_sm90.cuh) into act, then
 // GEMM2 tiles (act @ down[e]) into y_rows. The shared expert's tiles are the
 // same GEMMs over row blocks past the arena: the hooks point their A at x
-// (GEMM1) and their B at the shared weights, and keep their pre-activations.
+// (GEMM1) and their B at the shared weights. Every GEMM1 tile keeps its bf16
+// pre-activations (routed: h1, the shared expert's: hs) for the backward.
 //
 // One engine run serves one GEMM (its operands are TMA descriptors of the
 // run), so build() runs passes: the producer thread claims ahead, and a claim
@@ -33,13 +34,6 @@ struct MoeFwdSm90Params {
   typename P::TmaA x_in;          // GEMM1's A: x [t, H]
   typename P::TmaBHalf sw1_half;  // GEMM1's B: its gate | up [H, 2I] in half-height boxes
   typename P::TmaB sw2;           // GEMM2's B: its down [I, H]
-};
-
-// A build's passes (static shared memory, the producer thread's): the claimed
-// tile the next pass starts with (gemm == 0: none), and the tiles run so far.
-struct MoePass {
-  MoeTile pending;
-  int ran;
 };
 
 // The engine's scheduler for one pass of GEMM kGemm (producer thread only).
@@ -101,13 +95,15 @@ struct MoeGemmHooks {
   KOSMOS_DEVICE sm90::StoreBox<typename P::TmaC> store_box(gemm::TileCoord t) const {
     return {&p->act_out, p->m.rbs * Cfg::kBM, p->m.I, t.m, t.n * (Cfg::kBN / 2)};
   }
-  // GEMM1's bf16 pre-activations, kept for the backward (the shared expert's
-  // only): tile element (r, c) of gate|up column c < kBN / 2 (gate) or above
-  // (up), or nullptr where nothing is kept (routed tiles, rows past t).
+  // GEMM1's bf16 pre-activations, kept for the backward: tile element (r, c)
+  // of gate|up column c < kBN / 2 (gate) or above (up), in h1's arena row
+  // (routed) or hs's token row (the shared expert's), or nullptr where nothing
+  // is kept (the shared expert's rows past t).
   KOSMOS_DEVICE gemm::bf16* preact(gemm::TileCoord t, int r, int c) const {
-    const int tok = (t.m - b->s.shared_rb0) * Cfg::kBM + r, half = Cfg::kBN / 2;
-    if (!shared(t) || tok >= b->s.tokens) return nullptr;
-    const int col = (c < half ? 0 : p->m.I - half) + t.n * half + c;
+    const int half = Cfg::kBN / 2, col = (c < half ? 0 : p->m.I - half) + t.n * half + c;
+    if (!shared(t)) return reinterpret_cast<gemm::bf16*>(p->m.h1) + (size_t)(t.m * Cfg::kBM + r) * 2 * p->m.I + col;
+    const int tok = (t.m - b->s.shared_rb0) * Cfg::kBM + r;
+    if (tok >= b->s.tokens) return nullptr;
     return reinterpret_cast<gemm::bf16*>(p->m.hs) + (size_t)tok * 2 * p->m.I + col;
   }
   // Unreachable: the launcher requires N % 8 == 0, so every tile is staged and

@@ -6,8 +6,14 @@
 //   rb       32 per row block of R + S: GEMM1/GEMM2 flags and counts, zeroed with ctrl
 //   hist     [nb][E] int
 //   order    [R] int         (the packed plan order uses t*k <= R of them)
-//   arena    [R][H] bf16     the experts' input rows
+//   arena    [R][H] bf16     the experts' input rows (padding rows zeroed)
 //   act      [R + S][I] bf16 SwiGLU outputs (the shared expert's in the last S rows)
+//   h1       [R][2I] bf16    the routed rows' pre-activations, gate | up
+//
+// arena, act and h1 are what the backward reuses (dgrad2's SwiGLU backward
+// reads h1, wgrad2 act, wgrad1 the arena): the workspace is the forward's
+// residual, and its padding rows are zeros (so h1's and act's are too), which
+// the weight gradients' contractions over whole row blocks rely on.
 //
 // R = moe_ep1_rows: with one rank the count-driven layout packs t * min(k, E)
 // pairs, each expert's segment padded to kTileRows, so R rows always suffice:
@@ -37,7 +43,7 @@ KOSMOS_HD inline int moe_shared_rows(int t, bool shared) {
 }
 
 struct MoeWs {
-  size_t ctrl, rb, hist, order, arena, act, total;  // byte offsets, and the whole
+  size_t ctrl, rb, hist, order, arena, act, h1, total;  // byte offsets, and the whole
   size_t zeroed;                                    // bytes from 0 the launcher clears
 };
 
@@ -51,7 +57,8 @@ KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int E, int H, int I, bool sha
   w.order = w.hist + moe_ws_align(nb * E * 4);
   w.arena = w.order + moe_ws_align(R * 4);
   w.act = w.arena + moe_ws_align(R * H * 2);
-  w.total = w.act + moe_ws_align((R + S) * I * 2);
+  w.h1 = w.act + moe_ws_align((R + S) * I * 2);
+  w.total = w.h1 + moe_ws_align(R * 2 * I * 2);
   w.zeroed = w.hist;
   return w;
 }

@@ -17,9 +17,11 @@ and its bf16 pre-activations hs come back as the twin's residual. It must be as 
 (shared_expert_intermediate == expert_intermediate, as in every preset); other
 widths run under impl='reference'.
 
-The residuals are the twin's, less the dispatched rows (xr = h1 = None: the kernel's
-arena is scratch), so the layer's backward, which runs the twin (ops.moe_backward
-has no kernel yet), recomputes them by the dropless pass.
+The residuals are the twin's, less the dispatched rows (xr = h1 = None), plus the
+launch's workspace ws: its gathered x rows (padding rows zero), SwiGLU activations and
+routed pre-activations, in the arena's order, which the fused backward
+(kosmos_jax/ops/_fused_moe_bwd.py) reads; the twin's backward ignores ws and recomputes
+the expert rows by the dropless pass.
 
 No capacity: at EP = 1 the kernel's arena holds every pair (R rows below), so it never
 falls back. The layout, and so routing_stats' capacity_fill and dropless_fallback,
@@ -39,7 +41,8 @@ The FFI contract (kosmos_moe_forward, platform CUDA):
             arena order, then the shared expert's S = shared_rows(t) (token order);
             pair_row [t, k] int32, the row of y_rows holding pair (token, slot);
             hs [t, 2I] bf16, the shared expert's pre-activations (shared = 1, else
-            (1,)); ws [W] uint8 scratch (arena_rows, workspace_bytes).
+            (1,)); ws [W] uint8 (arena_rows, workspace_bytes): scratch, and the
+            fused backward's residual.
 """
 from __future__ import annotations
 
@@ -95,11 +98,13 @@ def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool) -> int
   """W, the scratch bytes of one launch; the C++ handler refuses a smaller ws, naming
   both sizes. In order: the control block; 32 bytes of flags per row block; the plan's
   per-(token block, expert) counts; each arena row's pair; the gathered token rows
-  (bf16 [R, h]); the SwiGLU activations (bf16 [R + S, I])."""
+  (bf16 [R, h], padding rows zero); the SwiGLU activations (bf16 [R + S, I]); the
+  routed rows' pre-activations (bf16 [R, 2I], gate | up). The last three are what a
+  backward over the same routing reuses (kernels/moe/fwd_ws.h)."""
   r, s, nb = arena_rows(t, k, e), shared_rows(t, shared), -(-t // BLOCK_TOKENS)
   al = lambda n: _roundup(n, ALIGN)
   return (al(CTRL_BYTES) + al((r + s) // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
-          + al((r + s) * i * 2))
+          + al((r + s) * i * 2) + al(r * 2 * i * 2))
 
 
 def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
@@ -160,6 +165,12 @@ def launch_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gati
   pair_row [t, k], hs [t, 2I] or None); sw1 [h, 2I] and sw2 [I, h] bf16, the shared
   expert's weights, or None (no shared expert). The tests reach it through
   kosmos_jax.testing.moe_forward_kernel."""
+  return _launch(x, indices, weights, w1, w2, sw1, sw2, input_gating=input_gating, cu_cap=cu_cap,
+                 launch=launch)[:4]
+
+
+def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap, launch: MoeLaunch):
+  """launch_kernel's four results and the workspace ws (the fused backward's residual)."""
   if not _ext.has_target(TARGET, "cuda"):
     raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the "
                               "MoE forward handler is needed)")
@@ -175,10 +186,10 @@ def launch_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gati
   ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
   # Bound directly (as the TP+SP ops are): inside shard_map even an eager call runs
   # each primitive under jit, so it needs no impl rule of its own.
-  y, y_rows, pair_row, hs, _ = moe_forward_p.bind(
+  y, y_rows, pair_row, hs, ws = moe_forward_p.bind(
       *ops_, input_gating=int(bool(input_gating)), shared=int(shared), cu_cap=cu_cap, movers=launch.movers,
       switching=int(launch.switching))
-  return y, y_rows, pair_row, hs if shared else None
+  return y, y_rows, pair_row, hs if shared else None, ws
 
 
 def xla_part(x, router_w, bias=None, *, config: MoEConfig, axis_name):
@@ -201,12 +212,11 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
                     axis_name=axis_name)
   output_gated = config.gating == "output"
   sw1 = None if shared_gate_up is None else ref._flat(shared_gate_up)
-  y, y_rows, pair_row, hs = launch_kernel(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
-                                          shared_down, input_gating=not output_gated, cu_cap=cu_cap,
-                                          launch=launch)
+  y, y_rows, pair_row, hs, ws = _launch(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
+                                        shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch)
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
-  return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs)
+  return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)
 
 
 # Selected by impl="fused" / KOSMOS_IMPL=fused only, until measured faster than the twin.

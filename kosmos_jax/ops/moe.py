@@ -19,14 +19,14 @@ other value rather than ignore it. `cu_cap` (at most that many SMs) and `launch`
 layer's MoEConfig) are for the fused megakernel; the reference twin checks them and
 ignores them, as every op's reference path does.
 
-Fused paths so far (kosmos_jax/ops/_fused_moe.py): moe_forward at EP = 1 (an
-`axis_name` of size 1), bf16, with the router in XLA before the one launch, which
-runs the shared expert too (as wide as a routed expert); at EP > 1 impl='fused'
-raises NotImplementedError. moe_backward has
-no kernel: the layer (kosmos_jax.moe.moe_layer) runs its twin on the fused forward's
-residuals, so jax.grad works under impl='fused' (forward fused, backward twin); asked
-for directly with impl='fused', moe_backward raises. The fused moe_forward is not
-differentiable by itself: differentiate the layer, whose custom_vjp pairs the ops.
+Fused paths so far: moe_forward at EP = 1 (an `axis_name` of size 1), bf16, with the
+router in XLA before the one launch, which runs the shared expert too (as wide as a
+routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at EP = 1 on Hopper GPUs,
+after a fused forward (it reads the forward's workspace, residuals.ws), with the
+routing-weight, router and shared-expert gradients in XLA beside its one launch
+(kosmos_jax/ops/_fused_moe_bwd.py). At EP > 1 impl='fused' raises NotImplementedError.
+The fused moe_forward is not differentiable by itself: differentiate the layer
+(kosmos_jax.moe.moe_layer), whose custom_vjp pairs the ops.
 """
 from __future__ import annotations
 

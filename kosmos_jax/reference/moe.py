@@ -351,6 +351,9 @@ class MoEResiduals(NamedTuple):
   rows: jax.Array | None   # [t, k, h] expert outputs Y_j at their owner, for dg = <dY, Y_j>
                            # (output gating; None for input gating)
   hs: jax.Array | None     # [t, 2*I_shared] shared-expert pre-activations
+  ws: jax.Array | None = None  # the fused forward's workspace (its gathered rows, activations and
+                               # pre-activations, kernels/moe/fwd_ws.h), which the fused backward
+                               # reads; None from the twin, and ignored by it
 
 
 class RoutingStats(NamedTuple):

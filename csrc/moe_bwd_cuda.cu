@@ -1,0 +1,150 @@
+// FFI handler of the MoE backward (CUDA): kosmos_moe_backward, the backward
+// megakernel at EP = 1 (kernels/moe/bwd_sm90.cuh; contract:
+// kosmos_jax/ops/_fused_moe_bwd.py). Hopper builders only so far: other GPUs
+// are refused, naming the device. It reads the forward's workspace (the
+// gathered x rows, act and h1 of the same routing, kernels/moe/fwd_ws.h).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "device.h"
+#include "ffi_util.h"
+#include "gemm/tile_order.h"
+#include "handlers.h"
+#include "launch.h"
+#include "moe/bwd_ws.h"
+#include "moe_bwd_sm90.h"
+#include "trace_buf.h"
+
+namespace ffi = xla::ffi;
+
+using namespace kosmos;
+using namespace kosmos::ffi_util;
+
+namespace {
+
+// The operands' types and shapes: "" or what is wrong.
+std::string check_operands(ffi::AnyBuffer dy, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
+                           ffi::AnyBuffer w2, ffi::AnyBuffer fws) {
+  using DT = ffi::DataType;
+  auto dd = dy.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
+  if (dd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3 || fws.dimensions().size() != 1)
+    return "need dy [t, h], indices [t, k], w1 [E, h, 2I], w2 [E, I, h], fws [W]; got " + dims(dd) + ", " + dims(id) +
+           ", " + dims(w1d) + ", " + dims(w2d) + ", " + dims(fws.dimensions());
+  const int64_t t = dd[0], H = dd[1], k = id[1], E = w1d[0], I = w2d[1];
+  if (dy.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
+      indices.element_type() != DT::S32 || weights.element_type() != DT::F32 || fws.element_type() != DT::U8)
+    return "dy, w1, w2 must be bf16, indices int32, weights float32, fws uint8";
+  if (id[0] != t || !shaped(weights.dimensions(), {t, k}) || !shaped(w1d, {E, H, 2 * I}) || !shaped(w2d, {E, I, H}))
+    return "shapes disagree: dy " + dims(dd) + ", indices " + dims(id) + ", weights " + dims(weights.dimensions()) +
+           ", w1 " + dims(w1d) + ", w2 " + dims(w2d);
+  if (t < 1 || t > (1 << 24)) return "t=" + std::to_string(t) + " must be in [1, 2^24]";
+  if (std::string why = moe_bwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k); !why.empty())
+    return why + " (h=" + std::to_string(H) + ", I=" + std::to_string(I) + ", E=" + std::to_string(E) +
+           ", k=" + std::to_string(k) + ")";
+  return "";
+}
+
+}  // namespace
+
+static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer dy, ffi::AnyBuffer indices,
+                                  ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer fws,
+                                  ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dx_rows,
+                                  ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> dw1,
+                                  ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> ws,
+                                  int64_t input_gating, int64_t shared, int64_t cu_cap, int64_t movers,
+                                  int64_t switching) {
+  const char* op = "kosmos_moe_backward";
+  if (std::string why = check_operands(dy, indices, weights, w1, w2, fws); !why.empty()) return Fail(op, why);
+  const int t = (int)dy.dimensions()[0], H = (int)dy.dimensions()[1], k = (int)indices.dimensions()[1];
+  const int E = (int)w1.dimensions()[0], I = (int)w2.dimensions()[1];
+  int grid = 0;
+  bool cc90 = false;
+  if (std::string why = grid_of(ordinal, cu_cap, &grid, &cc90); !why.empty()) return Fail(op, why);
+  if (!cc90)
+    return Fail(op, "the fused MoE backward runs on compute capability 9.0 (H100/H200) only so far (its Hopper "
+                    "builders); ordinal " + std::to_string(ordinal) + " is another generation: use impl='reference'");
+  const int R = moe::moe_ep1_rows(t, k, E);
+  const moe::MoeWs F = moe::moe_ws_layout(t, k, E, H, I, shared != 0);
+  const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I);
+  if (fws.size_bytes() < F.total)
+    return Fail(op, "the forward's workspace fws has " + std::to_string(fws.size_bytes()) + " bytes; the forward of "
+                    "this shape (shared=" + std::to_string(shared) + ") leaves " + std::to_string(F.total));
+  if (!shaped(dx->dimensions(), {t, H}) || !shaped(dx_rows->dimensions(), {R, H}) ||
+      !shaped(pair_row->dimensions(), {t, k}) || !shaped(dw1->dimensions(), {E, H, 2 * I}) ||
+      !shaped(dw2->dimensions(), {E, I, H}))
+    return Fail(op, "results must be dx [t, h], dx_rows [" + std::to_string(R) + ", h], pair_row [t, k], dw1 "
+                    "[E, h, 2I], dw2 [E, I, h]");
+  if (ws->size_bytes() < L.total)
+    return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
+                        std::to_string(L.total) + " (kosmos_jax.ops._fused_moe_bwd.workspace_bytes)");
+  if (!switching && grid < 2)
+    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
+  DeviceGuard guard(ordinal);
+  if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
+  std::string err = moe_bwd_sm90_prepare(ordinal);
+  if (err.empty() && !moe_bwd_sm90_ready(ordinal)) err = "the Hopper kernel could not be prepared on this device";
+  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
+  char* base = static_cast<char*>(ws->untyped_data());
+  cudaError_t e = cudaMemsetAsync(base, 0, L.zeroed, stream);
+  if (e == cudaSuccess && poison_output()) {
+    for (ffi::Result<ffi::AnyBuffer>* r : {&dx, &dx_rows, &pair_row, &dw1, &dw2})
+      if (e == cudaSuccess) e = cudaMemsetAsync((*r)->untyped_data(), 0xFF, (*r)->size_bytes(), stream);
+  }
+  if (e != cudaSuccess) return CudaFail(op, "clearing the workspace", ordinal, e);
+  int nt1 = 0, nt2 = 0;
+  moe_bwd_sm90_columns(H, I, &nt1, &nt2);
+  moe::MoeFwdParams m{};
+  m.s = moe::MoeFwdShape{1, 0, t, k, moe::kMoeBlockTokens, E, moe::kMoeTileRows, nt1, nt2, /*groups=*/4,
+                         /*capacity=*/t, /*shared_rb0=*/R / moe::kMoeTileRows, /*shared_blocks=*/0,
+                         /*band=*/gemm::swizzle_group(1 << 20, grid, moe::kMoeTileRows, (H + nt2 - 1) / nt2)};
+  m.H = H, m.I = I;
+  m.x = static_cast<const bf16_t*>(dy.untyped_data());
+  m.indices = static_cast<const int*>(indices.untyped_data());
+  m.weights = static_cast<const float*>(weights.untyped_data());
+  m.y = static_cast<bf16_t*>(dx->untyped_data());
+  m.pair_row = static_cast<int*>(pair_row->untyped_data());
+  // The backward's gather and fold are the forward's with the gating turned
+  // over: output gating sends w * dY and folds with weight 1, input gating
+  // sends dY and folds with w (d(w x) / dx).
+  m.input_gating = input_gating ? 0 : 1;
+  m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
+  m.rbs = R / moe::kMoeTileRows;
+  m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
+  m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
+  m.hist = reinterpret_cast<int*>(base + L.hist);
+  m.order = reinterpret_cast<int*>(base + L.order);
+  m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
+  m.y_rows = static_cast<bf16_t*>(dx_rows->untyped_data());
+  m.movers = moe_movers(movers, grid, switching != 0);
+  m.switching = switching != 0;
+  m.timeout_ns = timeout_ns();
+  m.trace = trace_buf(ordinal, 0);
+  const char* f = static_cast<const char*>(fws.untyped_data());
+  e = moe_bwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), f + F.arena, f + F.act, f + F.h1, base + L.dh1,
+                          dw1->untyped_data(), dw2->untyped_data(), grid, stream);
+  if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_backward_cuda, MoeBackwardCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // dy [t, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // indices [t, k] int32
+                                  .Arg<ffi::AnyBuffer>()   // weights [t, k] f32
+                                  .Arg<ffi::AnyBuffer>()   // w1 [E, h, 2I] bf16 (gate | up)
+                                  .Arg<ffi::AnyBuffer>()   // w2 [E, I, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // fws uint8: the forward's workspace (moe/fwd_ws.h)
+                                  .Ret<ffi::AnyBuffer>()   // dx [t, h] bf16 (the routed experts' part)
+                                  .Ret<ffi::AnyBuffer>()   // dx_rows [R, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
+                                  .Ret<ffi::AnyBuffer>()   // dw1 [E, h, 2I] bf16
+                                  .Ret<ffi::AnyBuffer>()   // dw2 [E, I, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/bwd_ws.h)
+                                  .Attr<int64_t>("input_gating")  // the forward's gating
+                                  .Attr<int64_t>("shared")        // the forward had a shared expert (its ws layout)
+                                  .Attr<int64_t>("cu_cap")        // 0 = all SMs
+                                  .Attr<int64_t>("movers")        // -1 = default policy
+                                  .Attr<int64_t>("switching"));   // 0: fixed crew

@@ -1,0 +1,42 @@
+// The MoE backward's workspace at EP = 1 (moe/bwd_sm90.cuh): one byte buffer
+// (the FFI's `ws` result) cut into sections of whole KiB, as the forward's
+// (moe/fwd_ws.h). kosmos_jax/ops/_fused_moe_bwd.py computes the same total.
+//
+//   ctrl      kMoeCtrlBytes  MoeCtrl: zeroed before each launch
+//   rb        32 per row block of R: dgrad2 / dgrad1 flags and counts, zeroed with ctrl
+//   hist      [nb][E] int
+//   order     [R] int
+//   arena     [R][H] bf16    the pairs' dY rows (output gating: w * dY), padding rows zeroed
+//   dh1       [R][2I] bf16   d(gate | up), dgrad2's
+//
+// (dgrad1's dX rows and the pairs' rows are results of the launch.)
+// The forward's workspace (its residual) holds what the backward reads of the
+// forward: the gathered x rows, act and h1, in the same arena rows (the
+// backward's front recomputes the forward's plan from the same routing).
+#pragma once
+#include <cstddef>
+
+#include "moe/fwd_ws.h"
+
+namespace kosmos::moe {
+
+struct MoeBwdWs {
+  size_t ctrl, rb, hist, order, arena, dh1, total;  // byte offsets, and the whole
+  size_t zeroed;                                   // bytes from 0 the launcher clears
+};
+
+KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int E, int H, int I) {
+  const size_t R = (size_t)moe_ep1_rows(t, k, E), nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
+  MoeBwdWs w{};
+  w.ctrl = 0;
+  w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
+  w.hist = w.rb + moe_ws_align(R / kMoeTileRows * 32);
+  w.order = w.hist + moe_ws_align(nb * E * 4);
+  w.arena = w.order + moe_ws_align(R * 4);
+  w.dh1 = w.arena + moe_ws_align(R * H * 2);
+  w.total = w.dh1 + moe_ws_align(R * 2 * I * 2);
+  w.zeroed = w.hist;
+  return w;
+}
+
+}  // namespace kosmos::moe

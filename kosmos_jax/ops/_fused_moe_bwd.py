@@ -1,0 +1,140 @@
+"""Fused MoE backward behind kosmos_jax.ops.moe_backward (EP = 1): the
+`kosmos_moe_backward` FFI target (csrc/moe_bwd_cuda.cu), one persistent launch that
+recomputes the forward's plan from the same routing, gathers each pair's dY row into the
+forward's arena order, and runs dgrad2 with the SwiGLU backward in its epilogue, dgrad1,
+the experts' weight gradients and the fold of dX (kernels/moe/bwd_sm90.cuh). It reads the
+fused forward's workspace (residuals.ws: the gathered x rows, SwiGLU activations and
+pre-activations), so it runs after a fused forward only. Hopper (compute capability 9.0)
+only so far.
+
+In XLA, as the twin (kosmos_jax.reference.moe.moe_backward) computes them:
+  - the routing-weight gradients dg_j (output gating: <dY, Y_j> from the forward's
+    expert rows; input gating: <dX_j, x> from the launch's dX rows), then the router's
+    (router_logit_grad: through the score function, with the aux loss's), dX_r and dW_r;
+  - the shared expert's backward (reference.moe.shared_backward), not yet in the launch.
+dX is the launch's fold (rounded to bf16 once) plus those terms in fp32, rounded once.
+
+The FFI contract (kosmos_moe_backward, platform CUDA):
+  operands  dy [t, h] bf16; indices [t, k] int32; weights [t, k] f32; w1 [E, h, 2I] and
+            w2 [E, I, h] bf16 (as the forward's); fws, the forward's workspace (uint8).
+  attrs     (int64) input_gating (the forward's), shared (whether the forward had a
+            shared expert: its workspace's layout), cu_cap, movers, switching (as the
+            forward's).
+  results   dx [t, h] bf16 (the routed experts' part of dL/dx); dx_rows [R, h] bf16, each
+            pair's gradient of its expert input, in arena order; pair_row [t, k] int32;
+            dw1 [E, h, 2I] and dw2 [E, I, h] bf16 (fp32 sums over the expert's rows in
+            the plan's stable order, rounded once: bitwise reproducible); ws [W] uint8
+            scratch (workspace_bytes).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from kosmos_jax import _compat, _ext, runtime
+from kosmos_jax.ops import _fused_moe as fwd
+from kosmos_jax.ops._dispatch import register_fused
+from kosmos_jax.reference import moe as ref
+from kosmos_jax.reference.moe_config import MoEConfig
+
+TARGET = "kosmos_moe_backward"
+F32 = jnp.float32
+# The weight gradients' tiles are 128 rows of dW1 [h, 2I] and of dW2 [I, h].
+HIDDEN_MULTIPLE = 128
+
+
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int) -> int:
+  """The backward's scratch (kernels/moe/bwd_ws.h): the control block, 32 bytes of flags
+  per row block, the plan's counts and order, the pairs' dY rows (bf16 [R, h]) and
+  d(gate | up) (bf16 [R, 2I])."""
+  r, nb = fwd.arena_rows(t, k, e), -(-t // fwd.BLOCK_TOKENS)
+  al = lambda n: fwd._roundup(n, fwd.ALIGN)
+  return (al(fwd.CTRL_BYTES) + al(r // fwd.TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
+          + al(r * 2 * i * 2))
+
+
+def check_fused(op: str, res, config: MoEConfig, ep: int) -> None:
+  """What the fused backward runs, refused before lowering with the values named."""
+  fwd.check_fused(op, res.x, config, ep)
+  if config.hidden % HIDDEN_MULTIPLE:
+    raise ValueError(f"{op} (fused): hidden={config.hidden} must be a multiple of {HIDDEN_MULTIPLE} (the weight "
+                     "gradients' tile rows); impl='reference' runs any shape")
+  if res.ws is None:
+    raise ValueError(f"{op} (fused): the residuals hold no fused forward's workspace (residuals.ws is None): the "
+                     "fused backward reads the fused forward's rows; run the forward with impl='fused' too, or "
+                     "the backward with impl='reference'")
+
+
+moe_backward_p = Primitive(TARGET)
+moe_backward_p.multiple_results = True
+
+
+def _abstract(dy, indices, weights, w1, w2, fws, *, input_gating, shared, cu_cap, movers, switching):
+  t, h = dy.shape
+  k, (e, _, two_i) = indices.shape[1], w1.shape
+  r = fwd.arena_rows(t, k, e)
+  return (dy.update(shape=(t, h)), dy.update(shape=(r, h)), dy.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
+          dy.update(shape=w1.shape), dy.update(shape=w2.shape),
+          dy.update(shape=(workspace_bytes(t, k, e, h, two_i // 2),), dtype=jnp.dtype(jnp.uint8)))
+
+
+def _lowering(ctx, dy, indices, weights, w1, w2, fws, *, input_gating, shared, cu_cap, movers, switching):
+  return jax.ffi.ffi_lowering(TARGET)(
+      ctx, dy, indices, weights, w1, w2, fws, input_gating=np.int64(input_gating), shared=np.int64(shared),
+      cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
+      switching=np.int64(switching))
+
+
+moe_backward_p.def_abstract_eval(_abstract)
+mlir.register_lowering(moe_backward_p, _lowering, platform="cuda")
+
+
+def launch_kernel(dy, indices, weights, w1, w2, fws, *, input_gating: bool, shared: bool, cu_cap=None,
+                  movers=None, switching: bool = True):
+  """The launch alone: (dx [t, h], dx_rows [R, h], pair_row [t, k], dw1, dw2)."""
+  if not _ext.has_target(TARGET, "cuda"):
+    raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the MoE "
+                              "backward handler is needed)")
+  runtime.init()
+  ops_ = (dy, indices.astype(jnp.int32), weights.astype(F32), w1, w2, fws)
+  both = frozenset().union(*(_compat.vma(a) for a in ops_))
+  ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
+  dx, dx_rows, pair_row, dw1, dw2, _ = moe_backward_p.bind(
+      *ops_, input_gating=int(bool(input_gating)), shared=int(bool(shared)), cu_cap=cu_cap, movers=movers,
+      switching=int(bool(switching)))
+  return dx, dx_rows, pair_row, dw1, dw2
+
+
+def moe_backward_fused(res, dy, daux, router_w, gate_up, down, shared_gate_up=None, shared_down=None, *,
+                       config: MoEConfig, axis_name, cu_cap=None):
+  """ops.moe_backward in one launch at EP = 1 (operands validated by ops.moe_backward),
+  after a fused forward: (dx, drouter_w, dgate_up, ddown, dshared_gate_up, dshared_down)
+  as reference.moe_backward returns them."""
+  op = "moe_backward"
+  check_fused(op, res, config, int(_compat.axis_size(axis_name)))
+  x, routing = res.x, res.routing
+  dt = x.dtype
+  output_gated = config.gating == "output"
+  shared = shared_gate_up is not None
+  dxk, dx_rows, pair_row, dw1, dw2 = launch_kernel(
+      dy.astype(dt), routing.indices, routing.weights, ref._flat(gate_up), down, res.ws,
+      input_gating=not output_gated, shared=shared, cu_cap=cu_cap)
+  if output_gated:  # dg_j = <dY, Y_j>
+    dw = jnp.einsum("th,tkh->tk", dy.astype(F32), res.rows.astype(F32))
+  else:  # d(g_j x) = dX_j: dg_j = <dX_j, x>
+    dw = jnp.einsum("th,tkh->tk", x.astype(F32), dx_rows[pair_row].astype(F32))
+  dz = ref.router_logit_grad(routing, dw, daux, config, axis_name)
+  dx = dxk.astype(F32) + jnp.einsum("te,he->th", dz, router_w.astype(F32))
+  drouter = jnp.einsum("th,te->he", x.astype(F32), dz).astype(router_w.dtype)
+  dsgu = dsd = None
+  if shared:
+    dxs, dsgu, dsd = ref.shared_backward(dy.astype(dt), x, res.hs, ref._flat(shared_gate_up), shared_down)
+    dx, dsgu = dx + dxs, dsgu.reshape(shared_gate_up.shape)
+  return dx.astype(dt), drouter, dw1.reshape(gate_up.shape), dw2, dsgu, dsd
+
+
+# Selected by impl="fused" / KOSMOS_IMPL=fused only, until measured faster than the twin.
+register_fused("moe_backward", moe_backward_fused)
