@@ -1,8 +1,8 @@
 // FFI handler of the MoE backward (CUDA): kosmos_moe_backward, the backward
-// megakernel at EP = 1 (kernels/moe/bwd_sm90.cuh; contract:
-// kosmos_jax/ops/_fused_moe_bwd.py). Hopper builders only so far: other GPUs
-// are refused, naming the device. It reads the forward's workspace (the
-// gathered x rows, act and h1 of the same routing, kernels/moe/fwd_ws.h).
+// megakernel at EP = 1 with the shared expert (kernels/moe/bwd_sm90.cuh;
+// contract: kosmos_jax/ops/_fused_moe_bwd.py). Hopper builders only so far:
+// other GPUs are refused, naming the device. It reads the forward's workspace
+// (the gathered x rows, act and h1 of the same routing, kernels/moe/fwd_ws.h).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -49,9 +49,11 @@ std::string check_operands(ffi::AnyBuffer dy, ffi::AnyBuffer indices, ffi::AnyBu
 
 static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer dy, ffi::AnyBuffer indices,
                                   ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer fws,
+                                  ffi::AnyBuffer x, ffi::AnyBuffer hs, ffi::AnyBuffer sw1, ffi::AnyBuffer sw2,
                                   ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dx_rows,
                                   ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> dw1,
-                                  ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> ws,
+                                  ffi::Result<ffi::AnyBuffer> dw2, ffi::Result<ffi::AnyBuffer> dsw1,
+                                  ffi::Result<ffi::AnyBuffer> dsw2, ffi::Result<ffi::AnyBuffer> ws,
                                   int64_t input_gating, int64_t shared, int64_t cu_cap, int64_t movers,
                                   int64_t switching) {
   const char* op = "kosmos_moe_backward";
@@ -64,17 +66,32 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   if (!cc90)
     return Fail(op, "the fused MoE backward runs on compute capability 9.0 (H100/H200) only so far (its Hopper "
                     "builders); ordinal " + std::to_string(ordinal) + " is another generation: use impl='reference'");
-  const int R = moe::moe_ep1_rows(t, k, E);
+  const int R = moe::moe_ep1_rows(t, k, E), S = moe::moe_shared_rows(t, shared != 0);
   const moe::MoeWs F = moe::moe_ws_layout(t, k, E, H, I, shared != 0);
-  const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I);
+  const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I, shared != 0);
+  if (shared) {
+    using DT = ffi::DataType;
+    if (!shaped(x.dimensions(), {t, H}) || !shaped(hs.dimensions(), {t, 2 * I}) ||
+        !shaped(sw1.dimensions(), {H, 2 * I}) || !shaped(sw2.dimensions(), {I, H}) ||
+        x.element_type() != DT::BF16 || hs.element_type() != DT::BF16 || sw1.element_type() != DT::BF16 ||
+        sw2.element_type() != DT::BF16)
+      return Fail(op, "the shared expert's x " + dims(x.dimensions()) + ", hs " + dims(hs.dimensions()) + ", sw1 " +
+                          dims(sw1.dimensions()) + ", sw2 " + dims(sw2.dimensions()) + " must be bf16 [t, h], [t, 2I], "
+                          "[h, 2I], [I, h] with t=" + std::to_string(t) + ", h=" + std::to_string(H) + ", I=" +
+                          std::to_string(I));
+    if (k + 1 > 32)
+      return Fail(op, "top_k=" + std::to_string(k) + " must be at most 31 with a shared expert (the fold's warp "
+                      "holds a token's k rows and the shared one)");
+  }
   if (fws.size_bytes() < F.total)
     return Fail(op, "the forward's workspace fws has " + std::to_string(fws.size_bytes()) + " bytes; the forward of "
                     "this shape (shared=" + std::to_string(shared) + ") leaves " + std::to_string(F.total));
-  if (!shaped(dx->dimensions(), {t, H}) || !shaped(dx_rows->dimensions(), {R, H}) ||
+  if (!shaped(dx->dimensions(), {t, H}) || !shaped(dx_rows->dimensions(), {R + S, H}) ||
       !shaped(pair_row->dimensions(), {t, k}) || !shaped(dw1->dimensions(), {E, H, 2 * I}) ||
-      !shaped(dw2->dimensions(), {E, I, H}))
-    return Fail(op, "results must be dx [t, h], dx_rows [" + std::to_string(R) + ", h], pair_row [t, k], dw1 "
-                    "[E, h, 2I], dw2 [E, I, h]");
+      !shaped(dw2->dimensions(), {E, I, H}) ||
+      (shared && (!shaped(dsw1->dimensions(), {H, 2 * I}) || !shaped(dsw2->dimensions(), {I, H}))))
+    return Fail(op, "results must be dx [t, h], dx_rows [" + std::to_string(R + S) + ", h], pair_row [t, k], dw1 "
+                    "[E, h, 2I], dw2 [E, I, h]" + (shared ? ", dsw1 [h, 2I], dsw2 [I, h]" : ""));
   if (ws->size_bytes() < L.total)
     return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
                         std::to_string(L.total) + " (kosmos_jax.ops._fused_moe_bwd.workspace_bytes)");
@@ -88,7 +105,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = cudaMemsetAsync(base, 0, L.zeroed, stream);
   if (e == cudaSuccess && poison_output()) {
-    for (ffi::Result<ffi::AnyBuffer>* r : {&dx, &dx_rows, &pair_row, &dw1, &dw2})
+    for (ffi::Result<ffi::AnyBuffer>* r : {&dx, &dx_rows, &pair_row, &dw1, &dw2, &dsw1, &dsw2})
       if (e == cudaSuccess) e = cudaMemsetAsync((*r)->untyped_data(), 0xFF, (*r)->size_bytes(), stream);
   }
   if (e != cudaSuccess) return CudaFail(op, "clearing the workspace", ordinal, e);
@@ -96,7 +113,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   moe_bwd_sm90_columns(H, I, &nt1, &nt2);
   moe::MoeFwdParams m{};
   m.s = moe::MoeFwdShape{1, 0, t, k, moe::kMoeBlockTokens, E, moe::kMoeTileRows, nt1, nt2, /*groups=*/4,
-                         /*capacity=*/t, /*shared_rb0=*/R / moe::kMoeTileRows, /*shared_blocks=*/0,
+                         /*capacity=*/t, /*shared_rb0=*/R / moe::kMoeTileRows, /*shared_blocks=*/S / moe::kMoeTileRows,
                          /*band=*/gemm::swizzle_group(1 << 20, grid, moe::kMoeTileRows, (H + nt2 - 1) / nt2)};
   m.H = H, m.I = I;
   m.x = static_cast<const bf16_t*>(dy.untyped_data());
@@ -109,7 +126,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   // sends dY and folds with w (d(w x) / dx).
   m.input_gating = input_gating ? 0 : 1;
   m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
-  m.rbs = R / moe::kMoeTileRows;
+  m.rbs = (R + S) / moe::kMoeTileRows;
   m.rb_flags = reinterpret_cast<uint64_t*>(base + L.rb);
   m.rb_counts = reinterpret_cast<uint32_t*>(base + L.rb + (size_t)16 * m.rbs);
   m.hist = reinterpret_cast<int*>(base + L.hist);
@@ -122,7 +139,9 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   m.trace = trace_buf(ordinal, 0);
   const char* f = static_cast<const char*>(fws.untyped_data());
   e = moe_bwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), f + F.arena, f + F.act, f + F.h1, base + L.dh1,
-                          dw1->untyped_data(), dw2->untyped_data(), grid, stream);
+                          dw1->untyped_data(), dw2->untyped_data(), x.untyped_data(), hs.untyped_data(),
+                          sw1.untyped_data(), sw2.untyped_data(), dsw1->untyped_data(), dsw2->untyped_data(), grid,
+                          stream);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
   return ffi::Error::Success();
 }
@@ -137,14 +156,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_backward_cuda, MoeBackwardCuda,
                                   .Arg<ffi::AnyBuffer>()   // w1 [E, h, 2I] bf16 (gate | up)
                                   .Arg<ffi::AnyBuffer>()   // w2 [E, I, h] bf16
                                   .Arg<ffi::AnyBuffer>()   // fws uint8: the forward's workspace (moe/fwd_ws.h)
-                                  .Ret<ffi::AnyBuffer>()   // dx [t, h] bf16 (the routed experts' part)
-                                  .Ret<ffi::AnyBuffer>()   // dx_rows [R, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // x [t, h] bf16 (shared), else (1,)
+                                  .Arg<ffi::AnyBuffer>()   // hs [t, 2I] bf16 (shared), else (1,)
+                                  .Arg<ffi::AnyBuffer>()   // sw1 [h, 2I] bf16 (shared), else (1,)
+                                  .Arg<ffi::AnyBuffer>()   // sw2 [I, h] bf16 (shared), else (1,)
+                                  .Ret<ffi::AnyBuffer>()   // dx [t, h] bf16 (the experts' part)
+                                  .Ret<ffi::AnyBuffer>()   // dx_rows [R + S, h] bf16
                                   .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
                                   .Ret<ffi::AnyBuffer>()   // dw1 [E, h, 2I] bf16
                                   .Ret<ffi::AnyBuffer>()   // dw2 [E, I, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // dsw1 [h, 2I] bf16 (shared), else (1,)
+                                  .Ret<ffi::AnyBuffer>()   // dsw2 [I, h] bf16 (shared), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/bwd_ws.h)
                                   .Attr<int64_t>("input_gating")  // the forward's gating
-                                  .Attr<int64_t>("shared")        // the forward had a shared expert (its ws layout)
+                                  .Attr<int64_t>("shared")        // a shared expert (also the forward's ws layout)
                                   .Attr<int64_t>("cu_cap")        // 0 = all SMs
                                   .Attr<int64_t>("movers")        // -1 = default policy
                                   .Attr<int64_t>("switching"));   // 0: fixed crew

@@ -36,9 +36,11 @@ void moe_bwd_sm90_columns(int H, int I, int* nt1, int* nt2) {
 }
 
 cudaError_t moe_bwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* x_rows,
-                                const void* act, const void* h1, void* dh1, void* dw1, void* dw2, int grid,
+                                const void* act, const void* h1, void* dh1, void* dw1, void* dw2, const void* x,
+                                const void* hs, const void* sw1, const void* sw2, void* dsw1, void* dsw2, int grid,
                                 cudaStream_t stream) {
-  return moe::moe_bwd_sm90_launch<DgradCfg, WgradCfg>(m, w1, w2, x_rows, act, h1, dh1, dw1, dw2, grid, stream);
+  return moe::moe_bwd_sm90_launch<DgradCfg, WgradCfg>(m, w1, w2, x_rows, act, h1, dh1, dw1, dw2, x, hs, sw1, sw2,
+                                                      dsw1, dsw2, grid, stream);
 }
 
 std::string grouped_dgrad_sm90_unsupported(int M, int N, int K, int E) {

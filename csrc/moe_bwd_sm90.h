@@ -23,7 +23,8 @@ std::string moe_bwd_sm90_unsupported(int H, int I, int E, int k);
 void moe_bwd_sm90_columns(int H, int I, int* nt1, int* nt2);
 // The megakernel over m (workspace zeroed as moe_bwd_ws_layout says), `grid` CTAs.
 cudaError_t moe_bwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* x_rows,
-                                const void* act, const void* h1, void* dh1, void* dw1, void* dw2, int grid,
+                                const void* act, const void* h1, void* dh1, void* dw1, void* dw2, const void* x,
+                                const void* hs, const void* sw1, const void* sw2, void* dsw1, void* dsw2, int grid,
                                 cudaStream_t stream);
 
 // dgrad: C [M, N] = A [M, K] @ B[tile_expert[m / 128]]^T, B [E, N, K]; "" or why not.

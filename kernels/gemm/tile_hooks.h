@@ -75,12 +75,15 @@
 //                      [b_row0 + t.n * kBN, + kBN) of it, so an operand's rows
 //                      past N (the next one's) reach only columns past N,
 //                      which no store keeps.
-//  k_range(t, &kb0, &kblocks)  (Hopper engine, when kKRange) the producer
-//                      thread and every consumer thread (so a pure function of
-//                      t), before tile t: the k-blocks [kb0, kb0 + kblocks) of
-//                      A and B that tile t contracts; kblocks may be 0 (the
-//                      tile is zeros). A grouped weight gradient's experts are
-//                      row ranges of its contraction (X[e]^T @ dY[e]).
+//  k_range(t, &a_kb0, &b_kb0, &kblocks)  (Hopper engine, when kKRange) the
+//                      producer thread and every consumer thread (so a pure
+//                      function of t), before tile t: tile t contracts kblocks
+//                      k-blocks, A's from a_kb0 and B's from b_kb0 (after
+//                      b_kblock0's offset); kblocks may be 0 (the tile is
+//                      zeros). A grouped weight gradient's experts are row
+//                      ranges of its contraction (X[e]^T @ dY[e]); the two
+//                      starts differ where A and B are different arrays (the
+//                      MoE shared expert's token rows against its arena rows).
 //  b_halves(t, &lo, &hi)  (when kSplitB) before tile t's loads: B's kBN rows of
 //                      tile t come as two halves from two row blocks of B,
 //                      half-blocks lo and hi (in units of kBN / 2 rows) into the

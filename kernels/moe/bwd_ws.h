@@ -3,11 +3,11 @@
 // (moe/fwd_ws.h). kosmos_jax/ops/_fused_moe_bwd.py computes the same total.
 //
 //   ctrl      kMoeCtrlBytes  MoeCtrl: zeroed before each launch
-//   rb        32 per row block of R: dgrad2 / dgrad1 flags and counts, zeroed with ctrl
+//   rb        32 per row block of R + S: dgrad2 / dgrad1 flags and counts, zeroed with ctrl
 //   hist      [nb][E] int
 //   order     [R] int
 //   arena     [R][H] bf16    the pairs' dY rows (output gating: w * dY), padding rows zeroed
-//   dh1       [R][2I] bf16   d(gate | up), dgrad2's
+//   dh1       [R + S][2I] bf16  d(gate | up), dgrad2's (the shared expert's in the last S rows)
 //
 // (dgrad1's dX rows and the pairs' rows are results of the launch.)
 // The forward's workspace (its residual) holds what the backward reads of the
@@ -25,16 +25,17 @@ struct MoeBwdWs {
   size_t zeroed;                                   // bytes from 0 the launcher clears
 };
 
-KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int E, int H, int I) {
-  const size_t R = (size_t)moe_ep1_rows(t, k, E), nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
+KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int E, int H, int I, bool shared) {
+  const size_t R = (size_t)moe_ep1_rows(t, k, E), S = (size_t)moe_shared_rows(t, shared);
+  const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
   MoeBwdWs w{};
   w.ctrl = 0;
   w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
-  w.hist = w.rb + moe_ws_align(R / kMoeTileRows * 32);
+  w.hist = w.rb + moe_ws_align((R + S) / kMoeTileRows * 32);
   w.order = w.hist + moe_ws_align(nb * E * 4);
   w.arena = w.order + moe_ws_align(R * 4);
   w.dh1 = w.arena + moe_ws_align(R * H * 2);
-  w.total = w.dh1 + moe_ws_align(R * 2 * I * 2);
+  w.total = w.dh1 + moe_ws_align((R + S) * 2 * I * 2);
   w.zeroed = w.hist;
   return w;
 }

@@ -34,6 +34,8 @@ struct MoeFwdSm90Params {
   typename P::TmaA x_in;          // GEMM1's A: x [t, H]
   typename P::TmaBHalf sw1_half;  // GEMM1's B: its gate | up [H, 2I] in half-height boxes
   typename P::TmaB sw2;           // GEMM2's B: its down [I, H]
+  typename P::TmaC h1_out;        // GEMM1's pre-activations: h1 [R, 2I] (routed rows)
+  typename P::TmaC hs_out;        // and hs [t, 2I] (the shared expert's; else a copy of h1_out)
 };
 
 // The engine's scheduler for one pass of GEMM kGemm (producer thread only).
@@ -95,16 +97,20 @@ struct MoeGemmHooks {
   KOSMOS_DEVICE sm90::StoreBox<typename P::TmaC> store_box(gemm::TileCoord t) const {
     return {&p->act_out, p->m.rbs * Cfg::kBM, p->m.I, t.m, t.n * (Cfg::kBN / 2)};
   }
-  // GEMM1's bf16 pre-activations, kept for the backward: tile element (r, c)
-  // of gate|up column c < kBN / 2 (gate) or above (up), in h1's arena row
-  // (routed) or hs's token row (the shared expert's), or nullptr where nothing
-  // is kept (the shared expert's rows past t).
-  KOSMOS_DEVICE gemm::bf16* preact(gemm::TileCoord t, int r, int c) const {
-    const int half = Cfg::kBN / 2, col = (c < half ? 0 : p->m.I - half) + t.n * half + c;
-    if (!shared(t)) return reinterpret_cast<gemm::bf16*>(p->m.h1) + (size_t)(t.m * Cfg::kBM + r) * 2 * p->m.I + col;
-    const int tok = (t.m - b->s.shared_rb0) * Cfg::kBM + r;
-    if (tok >= b->s.tokens) return nullptr;
-    return reinterpret_cast<gemm::bf16*>(p->m.hs) + (size_t)tok * 2 * p->m.I + col;
+  // Where GEMM1's bf16 pre-activations go, kept for the backward: the tile's
+  // gate half at column kBN / 2 * n of h1 (routed: arena rows) or hs (the
+  // shared expert's: token rows, those past t clipped), its up half I further.
+  KOSMOS_DEVICE bool preact_box(gemm::TileCoord t, sm90::StoreBox<typename P::TmaC>* gate,
+                                sm90::StoreBox<typename P::TmaC>* up) const {
+    const int col = t.n * (Cfg::kBN / 2), I = p->m.I;
+    if (shared(t)) {
+      *gate = {&p->hs_out, b->s.tokens, 2 * I, t.m - b->s.shared_rb0, col};
+    } else {
+      *gate = {&p->h1_out, b->s.shared_rb0 * Cfg::kBM, 2 * I, t.m, col};
+    }
+    *up = *gate;
+    up->col0 += I;
+    return true;
   }
   // Unreachable: the launcher requires N % 8 == 0, so every tile is staged and
   // leaves through store_box.
@@ -201,7 +207,9 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
                           sm90::make_output_tma<Cfg>(m.act, RS, I, I),
                           make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(x, m.s.tokens, H, H),
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(psw1, 2 * I, shared ? H : E * H, 2 * I),
-                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H)};
+                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H),
+                          sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I),
+                          sm90::make_output_tma<Cfg>(shared ? m.hs : m.h1, shared ? m.s.tokens : R, 2 * I, 2 * I)};
   moe_fwd_sm90_kernel<Cfg><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -83,10 +83,10 @@ struct WgradHooks {
     *tile_m = t.m % per;
     return a;
   }
-  KOSMOS_DEVICE void k_range(gemm::TileCoord t, int* kb0, int* kblocks) const {
+  KOSMOS_DEVICE void k_range(gemm::TileCoord t, int* a_kb0, int* b_kb0, int* kblocks) const {
     constexpr int kPer = Cfg::kBM / Cfg::kBK;  // k-blocks per row block
     const int e = t.m / per, lo = __ldg(expert_rb + e), hi = __ldg(expert_rb + e + 1);
-    *kb0 = lo * kPer;
+    *a_kb0 = *b_kb0 = lo * kPer;
     *kblocks = (hi - lo) * kPer;
   }
 };

@@ -7,11 +7,17 @@
 //
 // The arithmetic (moe_swiglu, moe/swiglu.h) is the pure-JAX twin's and the
 // portable engine's: gate and up rounded to bf16, then silu(g) * u in fp32,
-// rounded once. Where the hooks say (preact), the tile's bf16 gate and up
-// pre-activations are stored as well.
+// rounded once. Where the hooks say (kKeepsPreact: preact_box), the tile's
+// bf16 gate and up pre-activations leave first, through the same staged
+// buffer: staged as a plain 128x256 tile, stored by TMA as its gate half and
+// its up half, and read out of s.c before h is staged over it. (Stored from
+// registers instead, 4 bytes a thread at a time, they cost the forward 5-15%:
+// the consumers' epilogue waited on them, benchmarks/RESULTS.md.)
 #pragma once
 #include <type_traits>
 
+#include "gemm/sm90/barrier.cuh"
+#include "gemm/sm90/bulk_store.cuh"
 #include "gemm/sm90/epilogue.cuh"
 #include "gemm/tile_hooks.h"
 #include "moe/swiglu.h"
@@ -39,9 +45,25 @@ struct SwigluStaging {
   // is its own registers' and h's boxes are where a kOutCols-wide plain tile's
   // would be. Called after the previous tile's stores have read s.c.
   template <class Thr, class Acc, class Phase>
-  CUTE_DEVICE void stage(const P&, S& s, gemm::TileCoord t, Hooks& h, int, const Thr& thr, const Acc& acc,
+  CUTE_DEVICE void stage(const P&, S& s, gemm::TileCoord t, Hooks& h, int ctid, const Thr& thr, const Acc& acc,
                          const Phase& phase) {
     static_assert(decltype(cute::size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
+    if constexpr (gemm::keeps_preact_v<Hooks>) {  // the floor's SwiGLU GEMM keeps none
+      sm90::StoreBox<typename P::TmaC> gate, up;
+      if (h.preact_box(t, &gate, &up)) {
+        constexpr uint32_t kConsumers = 128 * Cfg::kConsumerWGs;
+        sm90::stage_tile<Cfg, gemm::bf16, true>(s, thr, acc);  // gate | up, rounded as the twin's h1
+        sm90::smem_to_async_proxy_fence();
+        sm90::named_barrier(sm90::kConsumerBarrier, kConsumers);
+        if (ctid == 0) {
+          sm90::store_boxes<Cfg, Cfg::kBN / 2>(s, gate, 0);
+          sm90::store_boxes<Cfg, Cfg::kBN / 2>(s, up, Cfg::kBN / 2 / Cfg::kOutBoxCols);
+          sm90::bulk_commit();
+          sm90::bulk_wait_reads();  // s.c is read before h is staged over it
+        }
+        sm90::named_barrier(sm90::kConsumerBarrier, kConsumers);
+      }
+    }
     constexpr int kUp = Cfg::kBN / 4;
     auto coord = thr.partition_C(cute::make_identity_tensor(cute::Shape<typename Cfg::BM, typename Cfg::BN>{}));
     const int rw = cute::get<0>(coord(0)) & ~15;  // the warp's first row
@@ -55,19 +77,6 @@ struct SwigluStaging {
         r[j] = sm90::pack_bf16x2(moe_swiglu(acc(i), acc(i + kUp)), moe_swiglu(acc(i + 1), acc(i + 1 + kUp)));
       }
       sm90::stmatrix_x4(sm90::stmatrix_offset<Cfg, true>(lane_at, q), r);
-    }
-    // The pre-activations the hooks keep (the shared expert's: a residual of the
-    // layer), rounded to bf16 as the twin's h1, straight from the accumulators:
-    // acc(i) and acc(i + 1), i even, are adjacent columns of one row. Row 0 of a
-    // tile that keeps any is always kept.
-    if constexpr (gemm::keeps_preact_v<Hooks>) {  // with a member preact(t, r, c); the floor's SwiGLU GEMM has none
-      if (h.preact(t, 0, 0) != nullptr) {
-        CUTE_UNROLL
-        for (int i = 0; i < decltype(cute::size(acc))::value; i += 2) {
-          const int r = cute::get<0>(coord(i)), c = cute::get<1>(coord(i));
-          if (gemm::bf16* at = h.preact(t, r, c)) *reinterpret_cast<uint32_t*>(at) = sm90::pack_bf16x2(acc(i), acc(i + 1));
-        }
-      }
     }
     phase(gemm::TilePhase::kStaged);
   }

@@ -4,27 +4,29 @@ recomputes the forward's plan from the same routing, gathers each pair's dY row 
 forward's arena order, and runs dgrad2 with the SwiGLU backward in its epilogue, dgrad1,
 the experts' weight gradients and the fold of dX (kernels/moe/bwd_sm90.cuh). It reads the
 fused forward's workspace (residuals.ws: the gathered x rows, SwiGLU activations and
-pre-activations), so it runs after a fused forward only. Hopper (compute capability 9.0)
-only so far.
+pre-activations), so it runs after a fused forward only. The shared expert's gradients
+are tiles of the same launch (its row blocks after the arena's, as in the forward), its
+dX row folded after the k routed rows. Hopper (compute capability 9.0) only so far.
 
-In XLA, as the twin (kosmos_jax.reference.moe.moe_backward) computes them:
-  - the routing-weight gradients dg_j (output gating: <dY, Y_j> from the forward's
-    expert rows; input gating: <dX_j, x> from the launch's dX rows), then the router's
-    (router_logit_grad: through the score function, with the aux loss's), dX_r and dW_r;
-  - the shared expert's backward (reference.moe.shared_backward), not yet in the launch.
-dX is the launch's fold (rounded to bf16 once) plus those terms in fp32, rounded once.
+In XLA, as the twin (kosmos_jax.reference.moe.moe_backward) computes them: the
+routing-weight gradients dg_j (output gating: <dY, Y_j> from the forward's expert rows;
+input gating: <dX_j, x> from the launch's dX rows), then the router's (router_logit_grad:
+through the score function, with the aux loss's), dX_r and dW_r. dX is the launch's fold
+(rounded to bf16 once) plus the router's term in fp32, rounded once.
 
 The FFI contract (kosmos_moe_backward, platform CUDA):
   operands  dy [t, h] bf16; indices [t, k] int32; weights [t, k] f32; w1 [E, h, 2I] and
-            w2 [E, I, h] bf16 (as the forward's); fws, the forward's workspace (uint8).
-  attrs     (int64) input_gating (the forward's), shared (whether the forward had a
-            shared expert: its workspace's layout), cu_cap, movers, switching (as the
-            forward's).
-  results   dx [t, h] bf16 (the routed experts' part of dL/dx); dx_rows [R, h] bf16, each
-            pair's gradient of its expert input, in arena order; pair_row [t, k] int32;
-            dw1 [E, h, 2I] and dw2 [E, I, h] bf16 (fp32 sums over the expert's rows in
-            the plan's stable order, rounded once: bitwise reproducible); ws [W] uint8
-            scratch (workspace_bytes).
+            w2 [E, I, h] bf16 (as the forward's); fws, the forward's workspace (uint8); with
+            a shared expert x [t, h] (the forward's input), hs [t, 2I] (its
+            pre-activations), sw1 [h, 2I], sw2 [I, h] bf16, else (1,) bf16 arrays.
+  attrs     (int64) input_gating (the forward's), shared, cu_cap, movers, switching (as
+            the forward's).
+  results   dx [t, h] bf16 (the experts' part of dL/dx, the shared expert's included);
+            dx_rows [R + S, h] bf16, each pair's gradient of its expert input in arena
+            order, then the shared expert's; pair_row [t, k] int32; dw1 [E, h, 2I] and
+            dw2 [E, I, h] bf16 (fp32 sums over the expert's rows in the plan's stable
+            order, rounded once: bitwise reproducible); dsw1 [h, 2I] and dsw2 [I, h] bf16,
+            the shared expert's (else (1,)); ws [W] uint8 scratch (workspace_bytes).
 """
 from __future__ import annotations
 
@@ -46,14 +48,14 @@ F32 = jnp.float32
 HIDDEN_MULTIPLE = 128
 
 
-def workspace_bytes(t: int, k: int, e: int, h: int, i: int) -> int:
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool) -> int:
   """The backward's scratch (kernels/moe/bwd_ws.h): the control block, 32 bytes of flags
   per row block, the plan's counts and order, the pairs' dY rows (bf16 [R, h]) and
-  d(gate | up) (bf16 [R, 2I])."""
-  r, nb = fwd.arena_rows(t, k, e), -(-t // fwd.BLOCK_TOKENS)
+  d(gate | up) (bf16 [R + S, 2I])."""
+  r, s, nb = fwd.arena_rows(t, k, e), fwd.shared_rows(t, shared), -(-t // fwd.BLOCK_TOKENS)
   al = lambda n: fwd._roundup(n, fwd.ALIGN)
-  return (al(fwd.CTRL_BYTES) + al(r // fwd.TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
-          + al(r * 2 * i * 2))
+  return (al(fwd.CTRL_BYTES) + al((r + s) // fwd.TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
+          + al((r + s) * 2 * i * 2))
 
 
 def check_fused(op: str, res, config: MoEConfig, ep: int) -> None:
@@ -72,18 +74,22 @@ moe_backward_p = Primitive(TARGET)
 moe_backward_p.multiple_results = True
 
 
-def _abstract(dy, indices, weights, w1, w2, fws, *, input_gating, shared, cu_cap, movers, switching):
+def _abstract(dy, indices, weights, w1, w2, fws, x, hs, sw1, sw2, *, input_gating, shared, cu_cap, movers,
+              switching):
   t, h = dy.shape
   k, (e, _, two_i) = indices.shape[1], w1.shape
-  r = fwd.arena_rows(t, k, e)
-  return (dy.update(shape=(t, h)), dy.update(shape=(r, h)), dy.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
+  r, s = fwd.arena_rows(t, k, e), fwd.shared_rows(t, shared)
+  return (dy.update(shape=(t, h)), dy.update(shape=(r + s, h)), dy.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
           dy.update(shape=w1.shape), dy.update(shape=w2.shape),
-          dy.update(shape=(workspace_bytes(t, k, e, h, two_i // 2),), dtype=jnp.dtype(jnp.uint8)))
+          dy.update(shape=(h, two_i) if shared else (1,)), dy.update(shape=(two_i // 2, h) if shared else (1,)),
+          dy.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared),), dtype=jnp.dtype(jnp.uint8)))
 
 
-def _lowering(ctx, dy, indices, weights, w1, w2, fws, *, input_gating, shared, cu_cap, movers, switching):
+def _lowering(ctx, dy, indices, weights, w1, w2, fws, x, hs, sw1, sw2, *, input_gating, shared, cu_cap, movers,
+              switching):
   return jax.ffi.ffi_lowering(TARGET)(
-      ctx, dy, indices, weights, w1, w2, fws, input_gating=np.int64(input_gating), shared=np.int64(shared),
+      ctx, dy, indices, weights, w1, w2, fws, x, hs, sw1, sw2, input_gating=np.int64(input_gating),
+      shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
       switching=np.int64(switching))
 
@@ -92,20 +98,24 @@ moe_backward_p.def_abstract_eval(_abstract)
 mlir.register_lowering(moe_backward_p, _lowering, platform="cuda")
 
 
-def launch_kernel(dy, indices, weights, w1, w2, fws, *, input_gating: bool, shared: bool, cu_cap=None,
-                  movers=None, switching: bool = True):
-  """The launch alone: (dx [t, h], dx_rows [R, h], pair_row [t, k], dw1, dw2)."""
+def launch_kernel(dy, indices, weights, w1, w2, fws, x=None, hs=None, sw1=None, sw2=None, *, input_gating: bool,
+                  cu_cap=None, movers=None, switching: bool = True):
+  """The launch alone: (dx [t, h], dx_rows [R + S, h], pair_row [t, k], dw1, dw2, dsw1,
+  dsw2), the last two the shared expert's when sw1 is given (with x, hs, sw2), else None."""
   if not _ext.has_target(TARGET, "cuda"):
     raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the MoE "
                               "backward handler is needed)")
   runtime.init()
-  ops_ = (dy, indices.astype(jnp.int32), weights.astype(F32), w1, w2, fws)
+  shared = sw1 is not None
+  none = jnp.zeros((1,), jnp.bfloat16)
+  ops_ = (dy, indices.astype(jnp.int32), weights.astype(F32), w1, w2, fws) + (
+      (x, hs, sw1, sw2) if shared else (none,) * 4)
   both = frozenset().union(*(_compat.vma(a) for a in ops_))
   ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
-  dx, dx_rows, pair_row, dw1, dw2, _ = moe_backward_p.bind(
+  dx, dx_rows, pair_row, dw1, dw2, dsw1, dsw2, _ = moe_backward_p.bind(
       *ops_, input_gating=int(bool(input_gating)), shared=int(bool(shared)), cu_cap=cu_cap, movers=movers,
       switching=int(bool(switching)))
-  return dx, dx_rows, pair_row, dw1, dw2
+  return dx, dx_rows, pair_row, dw1, dw2, (dsw1 if shared else None), (dsw2 if shared else None)
 
 
 def moe_backward_fused(res, dy, daux, router_w, gate_up, down, shared_gate_up=None, shared_down=None, *,
@@ -119,9 +129,10 @@ def moe_backward_fused(res, dy, daux, router_w, gate_up, down, shared_gate_up=No
   dt = x.dtype
   output_gated = config.gating == "output"
   shared = shared_gate_up is not None
-  dxk, dx_rows, pair_row, dw1, dw2 = launch_kernel(
-      dy.astype(dt), routing.indices, routing.weights, ref._flat(gate_up), down, res.ws,
-      input_gating=not output_gated, shared=shared, cu_cap=cu_cap)
+  sw = (x, res.hs, ref._flat(shared_gate_up), shared_down) if shared else ()
+  dxk, dx_rows, pair_row, dw1, dw2, dsgu, dsd = launch_kernel(
+      dy.astype(dt), routing.indices, routing.weights, ref._flat(gate_up), down, res.ws, *sw,
+      input_gating=not output_gated, cu_cap=cu_cap)
   if output_gated:  # dg_j = <dY, Y_j>
     dw = jnp.einsum("th,tkh->tk", dy.astype(F32), res.rows.astype(F32))
   else:  # d(g_j x) = dX_j: dg_j = <dX_j, x>
@@ -129,10 +140,8 @@ def moe_backward_fused(res, dy, daux, router_w, gate_up, down, shared_gate_up=No
   dz = ref.router_logit_grad(routing, dw, daux, config, axis_name)
   dx = dxk.astype(F32) + jnp.einsum("te,he->th", dz, router_w.astype(F32))
   drouter = jnp.einsum("th,te->he", x.astype(F32), dz).astype(router_w.dtype)
-  dsgu = dsd = None
   if shared:
-    dxs, dsgu, dsd = ref.shared_backward(dy.astype(dt), x, res.hs, ref._flat(shared_gate_up), shared_down)
-    dx, dsgu = dx + dxs, dsgu.reshape(shared_gate_up.shape)
+    dsgu = dsgu.reshape(shared_gate_up.shape)
   return dx.astype(dt), drouter, dw1.reshape(gate_up.shape), dw2, dsgu, dsd
 
 

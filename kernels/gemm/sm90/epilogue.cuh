@@ -203,17 +203,17 @@ struct StoreBox {
 
 // One consumer thread: issues the TMA stores of the staged boxes (kBoxes
 // layout, made visible to the async proxy and complete before this) in this
-// thread's bulk group; the caller commits it. kCols: the staged columns (the
-// first kCols / 64 boxes).
+// thread's bulk group; the caller commits it. kCols: the staged columns
+// stored, kCols / 64 boxes from staged box `first`.
 template <class Cfg, int kCols = Cfg::kBN, class TmaC>
-CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b) {
+CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b, int first = 0) {
   static_assert(kCols % Cfg::kOutBoxCols == 0 && kCols <= Cfg::kBN, "whole boxes of the staged tile");
   using Box = Shape<typename Cfg::BM, Int<Cfg::kOutBoxCols>>;
   Tensor g = local_tile(b.map->get_tma_tensor(make_shape(b.rows, b.cols)), Box{}, make_coord(b.tile_row, _));
   Tensor sc = make_tensor(make_smem_ptr(reinterpret_cast<bf16*>(s.c)), typename Cfg::OutTile{});  // (kBM, 64, box)
   auto [tg, ts] = tma_partition(*b.map, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sc), group_modes<0, 2>(g));
   CUTE_UNROLL
-  for (int j = 0; j < kCols / Cfg::kOutBoxCols; ++j) copy(*b.map, ts(_, j), tg(_, b.col0 / Cfg::kOutBoxCols + j));
+  for (int j = 0; j < kCols / Cfg::kOutBoxCols; ++j) copy(*b.map, ts(_, first + j), tg(_, b.col0 / Cfg::kOutBoxCols + j));
 }
 
 // One consumer thread per row (row < kBM): copies staged row `row` of tile t to

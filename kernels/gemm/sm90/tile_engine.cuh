@@ -60,12 +60,13 @@ struct TileEngine {
     __syncthreads();
   }
 
-  // The k-blocks [*kb0, *kb0 + return) tile t contracts: all of K, or the
-  // hooks' range (kKRange: a grouped weight gradient's expert rows).
-  static CUTE_DEVICE int k_blocks(const P& p, gemm::TileCoord t, Hooks& h, int* kb0) {
-    *kb0 = 0;
+  // The k-blocks tile t contracts, return of them from A's *a_kb0 and B's
+  // *b_kb0: all of K, or the hooks' range (kKRange: a grouped weight
+  // gradient's expert rows).
+  static CUTE_DEVICE int k_blocks(const P& p, gemm::TileCoord t, Hooks& h, int* a_kb0, int* b_kb0) {
+    *a_kb0 = *b_kb0 = 0;
     int kblocks = gemm::ceil_div(p.K, Cfg::kBK);
-    if constexpr (gemm::ranges_k_v<Hooks>) h.k_range(t, kb0, &kblocks);
+    if constexpr (gemm::ranges_k_v<Hooks>) h.k_range(t, a_kb0, b_kb0, &kblocks);
     return kblocks;
   }
 
@@ -110,17 +111,18 @@ struct TileEngine {
     auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto [tBg, tBs] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
     h.before_tile(t);
-    int kb0 = 0;
-    const int kblocks = k_blocks(p, t, h, &kb0);
+    int a_k0 = 0, b_k0 = 0;
+    const int kblocks = k_blocks(p, t, h, &a_k0, &b_k0);
+    b_k0 += b_kb0;
     for (int k = 0; k < kblocks; ++k) {
-      h.before_k(t, (kb0 + k) * Cfg::kBK);
+      h.before_k(t, (a_k0 + k) * Cfg::kBK);
       mbar_wait(&s.empty[ring.slot], ring.phase ^ 1, "stage empty");
       mbar_arrive_expect_tx(&s.full[ring.slot], Cfg::kStageBytes);
-      copy(tma_a.with(s.full[ring.slot]), tAg(_, kb0 + k), tAs(_, ring.slot));
+      copy(tma_a.with(s.full[ring.slot]), tAg(_, a_k0 + k), tAs(_, ring.slot));
       if constexpr (gemm::splits_b_v<Hooks>) {
-        load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_kb0 + kb0 + k);
+        load_b_halves(*b_half, p, s, ring.slot, b_lo, b_hi, b_k0 + k);
       } else {
-        copy(tma_b.with(s.full[ring.slot]), tBg(_, b_kb0 + kb0 + k), tBs(_, ring.slot));
+        copy(tma_b.with(s.full[ring.slot]), tBg(_, b_k0 + k), tBs(_, ring.slot));
       }
       ring.advance(kStages);
     }
@@ -215,8 +217,8 @@ struct TileEngine {
       }
     };
     phase(gemm::TilePhase::kClaimed);
-    int kb0 = 0;
-    const int kblocks = k_blocks(p, t, h, &kb0);
+    int a_k0 = 0, b_k0 = 0;
+    const int kblocks = k_blocks(p, t, h, &a_k0, &b_k0);
     mainloop(s, ring, kblocks, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
