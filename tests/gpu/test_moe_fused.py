@@ -391,12 +391,12 @@ def test_skewed_routing_never_drops(kind):
   assert_close(y, yd, BF16, what=f"{kind} skewed fused vs dense oracle")
 
 
-def _layer_grads(cfg, impl, x, p, cot):
+def _layer_grads(cfg, impl, x, p, cot, cu_cap=None):
   names, m = _names(cfg), _mesh()
 
   def local(cot, x, *ps):
     def loss(x, *ps):
-      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)
+      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl, cu_cap=cu_cap)
       return jnp.sum(y.astype(jnp.float32) * cot) + aux
     return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
 
@@ -433,3 +433,15 @@ def test_layer_grad_fused_bitwise_reproducible(kind):
     for name in first:
       assert np.array_equal(np.asarray(again[name], np.float32), np.asarray(first[name], np.float32)), \
           f"{kind} d{name} differs between two runs"
+
+
+@pytest.mark.parametrize("cap", [1, 7])
+def test_layer_grad_fused_cu_cap_same_bits(cap):
+  """Both fused directions under a CU cap (a grid of 1 CTA: one CTA routes, gathers,
+  builds every tile of both GEMMs' gradients and folds) give the full grid's bits."""
+  cfg, t = KINDS["deepseek"], 300
+  p, x, cot = _params(cfg), _tokens(cfg, t), fresh((t, cfg.hidden))
+  full, capped = _layer_grads(cfg, "fused", x, p, cot), _layer_grads(cfg, "fused", x, p, cot, cu_cap=cap)
+  for name in full:
+    assert np.array_equal(np.asarray(capped[name], np.float32), np.asarray(full[name], np.float32)), \
+        f"cu_cap={cap}: d{name} differs from the full grid's"
