@@ -1,4 +1,5 @@
-"""The fused MoE forward's Python side on CPU (kosmos_jax/ops/_fused_moe.py): its checks
+"""The fused MoE forward's and backward's Python side on CPU (kosmos_jax/ops/_fused_moe.py,
+_fused_moe_bwd.py): their checks
 raise before lowering; the workspace formula; the primitive's abstract shapes and the
 custom call it lowers to for CUDA; the whole wrapper (routing, shared expert, residuals)
 with a pure-JAX twin of the kernel's contract standing in for the primitive, forward
@@ -20,8 +21,8 @@ from helpers import assert_close, fresh, put
 from kosmos_jax import AgConfig, MoeLaunch, ops, reference
 from kosmos_jax.moe import MoEConfig, moe_layer, route
 from kosmos_jax.reference import moe as ref_moe
-from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_forward_kernel,
-                                moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
+from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_backward_workspace_bytes,
+                                moe_forward_kernel, moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
 from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, make_params, place, to_f32
 
 BF16 = jnp.bfloat16
@@ -316,8 +317,9 @@ def _layer_grads(cfg, ep, impl, x, p, cot):
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_layer_grad_under_fused_is_the_twins(kernel_twin, kind):
-  """jax.grad of moe_layer(impl='fused'): the forward through the wrapper, the
-  backward the twin's (ops.moe_backward has no kernel) from residuals without rows."""
+  """jax.grad of moe_layer(impl='fused') without a usable GPU: the forward through the
+  wrapper, the backward the twin's (the fused backward is unavailable here) from
+  residuals without rows."""
   cfg = KINDS[kind]
   p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
   x, cot = fresh((T, cfg.hidden), BF16), fresh((T, cfg.hidden))
@@ -416,3 +418,66 @@ def test_nn_module_takes_and_checks_launch():
   with jax.set_mesh(m):
     y, _ = nnx.jit(lambda mod, x: mod(x))(model, x)
   assert y.shape == x.shape
+
+
+# ---- the fused backward's Python side (kosmos_jax/ops/_fused_moe_bwd.py) -------------
+
+def _fwd_bwd(cfg, fwd_impl="fused"):
+  """Jitted (x, cot, *params) -> (dx, dgate_up, ddown) of ops.moe_backward(impl='fused')
+  after ops.moe_forward(impl=fwd_impl)."""
+  names = _names(make_params(cfg, BF16, bool(cfg.shared_expert_intermediate)))
+
+  def local(x, cot, *ps):
+    p = dict(zip(names, ps))
+    _, _, res = ops.moe_forward(x, p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
+                                p.get("shared_down"), p.get("expert_bias"), config=cfg, axis_name="ep", impl=fwd_impl)
+    g = ops.moe_backward(res, cot, jnp.float32(1.0), p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
+                         p.get("shared_down"), config=cfg, axis_name="ep", impl="fused")
+    return g[0], g[2], g[3]
+
+  m = ep_mesh(1)
+  f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), P("ep"), *[SPECS[n] for n in names]),
+                    out_specs=(P("ep"), SPECS["gate_up"], SPECS["down"]))
+  return jax.jit(f), m
+
+
+def _fwd_bwd_lowered(cfg, fwd_impl="fused"):
+  f, m = _fwd_bwd(cfg, fwd_impl)
+  _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), make_params(cfg, BF16, bool(cfg.shared_expert_intermediate)))
+  return f.trace(xs, put(fresh((T, cfg.hidden), BF16), m, P("ep")), *ps).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_backward_lowers_to_one_custom_call(no_gpu_needed, kind):
+  """ops.moe_backward(impl='fused') after the fused forward: one kosmos_moe_backward call
+  on dY, the routing, the weights, the forward's workspace and the shared expert's
+  operands, with every result the kernel writes."""
+  cfg = KINDS[kind].replace(hidden=128)
+  shared = bool(cfg.shared_expert_intermediate)
+  text = _fwd_bwd_lowered(cfg)
+  calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_backward" in line]
+  assert len(calls) == 1, text[-3000:]
+  call = calls[0]
+  e, h, i, k = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.top_k
+  fws, bws = moe_workspace_bytes(T, k, e, h, i, shared), moe_backward_workspace_bytes(T, k, e, h, i, shared)
+  x, hs, sw1, sw2 = ((f"{T}x{h}xbf16", f"{T}x{2 * i}xbf16", f"{h}x{2 * i}xbf16", f"{i}x{h}xbf16") if shared
+                     else ("1xbf16",) * 4)
+  assert (f"(tensor<{T}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{T}x{k}xf32>, tensor<{e}x{h}x{2 * i}xbf16>, "
+          f"tensor<{e}x{i}x{h}xbf16>, tensor<{fws}xui8>, tensor<{x}>, tensor<{hs}>, tensor<{sw1}>, "
+          f"tensor<{sw2}>)") in call, call
+  r = moe_arena_rows(T, k, e) + moe_shared_rows(T, shared)
+  assert (f"-> (tensor<{T}x{h}xbf16>, tensor<{r}x{h}xbf16>, tensor<{T}x{k}xi32>, tensor<{e}x{h}x{2 * i}xbf16>, "
+          f"tensor<{e}x{i}x{h}xbf16>, tensor<{sw1 if shared else '1xbf16'}>, tensor<{sw2 if shared else '1xbf16'}>, "
+          f"tensor<{bws}xui8>)") in call, call
+  for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"shared = {int(shared)} : i64"):
+    assert attr in call, (attr, call)
+
+
+def test_backward_limits_raise_before_lowering(no_gpu_needed):
+  """What the fused backward cannot run is refused with the values named: a hidden size
+  the forward takes but the weight gradients' tiles do not, and residuals of a forward
+  that was not fused (they hold no workspace)."""
+  with pytest.raises(ValueError, match=r"moe_backward \(fused\): hidden=192 must be a multiple of 128"):
+    _fwd_bwd_lowered(SOFTMAX.replace(hidden=192))
+  with pytest.raises(ValueError, match=r"\(residuals.ws is None\): the fused backward reads the fused forward.s rows"):
+    _fwd_bwd_lowered(SOFTMAX.replace(hidden=128), fwd_impl="reference")

@@ -12,7 +12,8 @@ module of `kosmos_jax.ops`.
   fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
   moe_forward_kernel()  the fused MoE forward's launch alone, on given routing:
                    (y, y_rows, pair_row, hs); moe_arena_rows() / moe_shared_rows() /
-                   moe_workspace_bytes() its R, S and W; moe_forward_built() whether
+                   moe_workspace_bytes() its R, S and W (moe_backward_workspace_bytes()
+                   the backward's W); moe_forward_built() whether
                    its target is compiled; moe_forward_xla_part() what the fused
                    forward runs in XLA before it (the routing)
   grouped_gemm     the MoE expert GEMMs alone (`kosmos_grouped_gemm`): the MoE
@@ -28,7 +29,7 @@ import numpy as np
 
 from kosmos_jax import _ext, runtime
 from kosmos_jax.kernel_config import MoeLaunch
-from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_moe, _fused_tp
+from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_moe, _fused_moe_bwd, _fused_tp
 from kosmos_jax.testing import grouped_gemm  # noqa: F401  (kosmos_jax.testing.grouped_gemm)
 
 TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
@@ -49,6 +50,7 @@ moe_arena_rows = _fused_moe.arena_rows
 moe_shared_rows = _fused_moe.shared_rows
 moe_forward_xla_part = _fused_moe.xla_part
 moe_workspace_bytes = _fused_moe.workspace_bytes
+moe_backward_workspace_bytes = _fused_moe_bwd.workspace_bytes
 MOE_TILE_ROWS = _fused_moe.TILE_ROWS
 
 
