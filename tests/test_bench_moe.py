@@ -63,3 +63,15 @@ def test_outputs_and_table(dry_run):
   assert table[0].startswith("| preset | E | routing | max load | reference ms / TF/s | fused ms / TF/s")
   assert len(table) == 2 + 2 * len(PRESETS)
   assert "| deepseek-v3 | 16 of 256 | balanced | 1.00 |" in stdout
+
+
+def test_moe_train_step_toy_runs(tmp_path):
+  """benchmarks/moe_train_step.py --toy on CPU (the MoE proxy model's training step,
+  reference arm): it builds the blocks, takes the gradients and writes its row."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "benchmarks/moe_train_step.py", "--toy", "--preset", "llama4-scout",
+                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with (tmp_path / "moe_train_step_llama4-scout.csv").open() as f:
+    (row,) = list(csv.DictReader(f))
+  assert row["layers"] == "2" and float(row["reference_ms"]) > 0 and "fused_ms" not in row
