@@ -2,11 +2,11 @@
 // code. The backward runs the forward's CTA life (moe_fwd_cta, moe/fwd_sched.h)
 // over the same plan: the front recomputes the forward's layout from the same
 // routing, so every pair has the row it had in the forward; the move queue's
-// parts gather each pair's dY row (output gating: scaled by its weight) and x
-// row into the arena; the combine queue returns the dX rows; the fold sums a
-// token's k dX rows (and the shared expert's) in slot order. Only the build
-// queue differs, and the words of the work that its Ops do (the kernels are not
-// written yet: kosmos_jax.ops.moe_backward raises under impl="fused"). Per
+// parts gather each pair's dY row (output gating: scaled by its weight) into
+// the arena (the x rows are the forward's, in its workspace); the combine
+// queue returns the dX rows; the fold sums a token's k dX rows (and the shared
+// expert's) in slot order. Only the build queue differs, and the words of the
+// work that its Ops do (the Hopper kernel: moe/bwd_sm90.cuh). Per
 // row block, as the forward's GEMM1 and GEMM2 (the same items, flags and
 // counts, moe_build_item):
 //

@@ -49,9 +49,10 @@ def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, conf
 
 
 def _backward_impl(impl):
-  """The backward's path: `impl`, except that where ops.moe_backward has no fused
-  kernel a fused forward is paired with the twin's backward (which reads the fused
-  forward's residuals), rather than a backward that raises."""
+  """The backward's path: `impl`, except that where ops.moe_backward's fused kernel
+  cannot run at all (not compiled, no usable GPU) a fused forward is paired with the
+  twin's backward (which reads the fused forward's residuals), rather than a backward
+  that raises."""
   return impl if ops.fused_status("moe_backward")[0] else "reference"
 
 
