@@ -13,11 +13,11 @@ namespace kosmos::moe {
 
 template <class Dg, class Wg>
 struct MoeBwdSm90Params {
-  MoeFwdParams m;       // the CTA life's words, as above (s.shared_blocks == 0)
+  MoeFwdParams m;       // the CTA life's words, as moe/bwd_sm90.cuh says (R + S rows: rbs)
   sm90::Params<Dg> d2;  // dgrad2: A dY rows [R, H], B w2 as [E * I, H]: N = I, K = H
-  sm90::Params<Dg> d1;  // dgrad1: A dh1 [R, 2I], B w1 as [E * H, 2I], C dX rows [R, H]: N = H, K = 2I
-  sm90::Params<Wg> g2;  // wgrad2: A act as (I, R), B dY rows as (H, R), C dW2 [E * I, H]: K = R
-  sm90::Params<Wg> g1;  // wgrad1: A x rows as (H, R), B dh1 as (2I, R), C dW1 [E * H, 2I]: K = R
+  sm90::Params<Dg> d1;  // dgrad1: A dh1 [R + S, 2I], B w1 as [E * H, 2I], C dX rows [R + S, H]: N = H, K = 2I
+  sm90::Params<Wg> g2;  // wgrad2: A act as (I, R + S), B dY rows as (H, R), C dW2 [E * I, H]: K = R + S
+  sm90::Params<Wg> g1;  // wgrad1: A x rows as (H, R), B dh1 as (2I, R + S), C dW1 [E * H, 2I]: K = R + S
   typename sm90::Params<Dg>::TmaC dgate, dup;  // dh1's gate and up columns: [R + S, I] each, row pitch 2I
   const bf16_t* h1;     // [R][2I] the forward's pre-activations
   MoeWgradTiles w;      // with cols2, cols1
