@@ -31,26 +31,6 @@ struct MoeBwdSm90Params {
   typename sm90::Params<Wg>::TmaC dsw2, dsw1;  // its dW2 [I, H] and dW1 [H, 2I]
 };
 
-// The engine's scheduler for one pass of kind kKind (producer thread only):
-// MoePassSched's, with the backward's tile coordinates.
-template <int kKind>
-struct MoeBwdPassSched {
-  MoeBwdBuilds<MoeCtl>* b;
-  MoePass* pass;
-  int most;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    if (pass->pending.gemm == 0) {
-      if (most >= 0 && pass->ran >= most) return false;
-      if (!b->next(&pass->pending)) return false;
-    }
-    if (pass->pending.gemm != kKind) return false;  // the other kind's pass starts with it
-    moe_bwd_coord(b->w, pass->pending, &t.m, &t.n);
-    pass->pending.gemm = 0;
-    ++pass->ran;
-    return true;
-  }
-};
-
 // dgrad2 (kKind 1) and dgrad1 (2): a row block's tile waits as the forward's
 // GEMM1 / GEMM2 tile does (its rows arrived; its row block's dgrad2 done) and
 // completes the same flags.

@@ -115,6 +115,7 @@ struct MoeBwdBuilds {
   KOSMOS_MOE_INLINE void done(const MoeTile& t) {
     if (t.gemm <= (int)MoeBwdKind::kDgrad1) rows().done(t);
   }
+  KOSMOS_MOE_INLINE void coord(const MoeTile& t, int* m, int* n) const { moe_bwd_coord(w, t, m, n); }
   KOSMOS_MOE_INLINE void run(const MoeTile& t) {
     switch ((MoeBwdKind)t.gemm) {
       case MoeBwdKind::kDgrad2: ops.dgrad2(t); break;

@@ -50,7 +50,7 @@ struct MoeBwdSm90Ops : MoeLocalOps {
 
   template <int kKind>
   KOSMOS_DEVICE void run_pass(MoeBwdBuilds<MoeCtl>& b, int most) {
-    MoeBwdPassSched<kKind> sched{&b, pass, most};
+    MoePassSched<MoeBwdBuilds<MoeCtl>> sched{&b, pass, kKind, most};
     if constexpr (kKind <= 2) {
       using Hooks = MoeBwdDgradHooks<Dg, Wg, kKind>;
       Hooks h{&pp, &b};

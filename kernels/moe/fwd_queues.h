@@ -67,6 +67,27 @@ struct MoePass {
   MoeTile pending;
   int ran;
 };
+// The engine's scheduler for one pass of tiles of kind `kind` (producer thread
+// only) over a build queue `Builds` (MoeBuilds, MoeBwdBuilds), whose
+// coord(t, &m, &n) names a tile's row and column in its GEMM; a claim of
+// another kind ends the pass and opens the next one with it.
+template <class Builds>
+struct MoePassSched {
+  Builds* b;
+  MoePass* pass;
+  int kind, most;
+  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
+    if (pass->pending.gemm == 0) {
+      if (most >= 0 && pass->ran >= most) return false;
+      if (!b->next(&pass->pending)) return false;
+    }
+    if (pass->pending.gemm != kind) return false;  // the other kind's pass starts with it
+    b->coord(pass->pending, &t.m, &t.n);
+    pass->pending.gemm = 0;
+    ++pass->ran;
+    return true;
+  }
+};
 // The local expert whose segment holds row block rb: the last x with rb[x] <= rb
 // (empty experts share their successor's start).
 KOSMOS_HD inline int moe_expert_of(const MoeFwdShape& s, const MoeLayout& L, int rb) {

@@ -178,6 +178,8 @@ struct MoeBuilds {
       if (ops.count(MoeCount::kGemm2, t.rb, s.nt2)) ops.release(MoeFlag::kGemm2, s.rank, t.rb);
     }
   }
+  // The tile's row block and column block: its GEMM's tile coordinates.
+  KOSMOS_MOE_INLINE void coord(const MoeTile& t, int* m, int* n) const { *m = t.rb, *n = t.n; }
   // The tile's work, for moe_build_serial: `Ops` supplies gemm1(t) / gemm2(t).
   KOSMOS_MOE_INLINE void run(const MoeTile& t) {
     if (t.gemm == 1) ops.gemm1(t); else ops.gemm2(t);

@@ -38,24 +38,6 @@ struct MoeFwdSm90Params {
   typename P::TmaC hs_out;        // and hs [t, 2I] (the shared expert's; else a copy of h1_out)
 };
 
-// The engine's scheduler for one pass of GEMM kGemm (producer thread only).
-struct MoePassSched {
-  MoeBuilds<MoeCtl>* b;
-  MoePass* pass;
-  int gemm, most;
-  KOSMOS_DEVICE bool next(gemm::TileCoord& t) {
-    if (pass->pending.gemm == 0) {
-      if (most >= 0 && pass->ran >= most) return false;
-      if (!b->next(&pass->pending)) return false;
-    }
-    if (pass->pending.gemm != gemm) return false;  // the other GEMM's pass starts with it
-    t = {pass->pending.rb, pass->pending.n};
-    pass->pending.gemm = 0;
-    ++pass->ran;
-    return true;
-  }
-};
-
 template <class Cfg, int kGemm>
 struct MoeGemmHooks {
   static constexpr bool kTileDone = true, kGroupedB = true;
@@ -130,7 +112,7 @@ struct MoeSm90Ops : MoeLocalOps {
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
     using Hooks = MoeGemmHooks<Cfg, kGemm>;
     Hooks h{&pp, &b};
-    MoePassSched sched{&b, pass, kGemm, most};
+    MoePassSched<MoeBuilds<MoeCtl>> sched{&b, pass, kGemm, most};
     if constexpr (kGemm == 1) {
       sm90::TileEngine<Cfg, gemm::bf16, Hooks, SwigluStaging>::run(pp.g1, sm, sched, h);
     } else {
