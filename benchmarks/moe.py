@@ -124,6 +124,8 @@ def parse_args(argv=None):
   ap.add_argument("--timeline", default=None, metavar="PRESET",
                   help="instead of timing: one traced fused forward of PRESET (first --routing), its role "
                        "timeline as PNG + Chrome-trace JSON and the span of each phase (needs a KOSMOS_TRACE build)")
+  ap.add_argument("--timeline-step", action="store_true",
+                  help="with --timeline: trace one fused training step (forward and backward launches) instead")
   ap.add_argument("--out-dir", default=None)
   ap.add_argument("--tag", default="")
   args = ap.parse_args(argv)
@@ -458,42 +460,73 @@ WAIT_FLAGS = ("ready", "counts", "scanned", "planned", "laid_out", "arrived", "g
 
 
 def timeline(name: str, routing: str, args) -> list[str]:
-  """One traced fused forward of preset `name`: writes timeline_moe_<name>.{png,json} and
-  returns one line per role: CTAs, busy CTA-ms, and when it first starts and last ends
-  (us from the kernel's first span)."""
+  """One traced fused forward of preset `name` (with --timeline-step: one fused training
+  step, jax.grad of the layer: its forward and backward launches and XLA's work between
+  them): writes timeline_moe_<name>[_step].{png,json} and returns, per launch, one line per
+  role (CTAs, busy CTA-ms, when it first starts and last ends, us from the launch's first
+  span), the build spans per GEMM kind and the waits per flag."""
   from kosmos_jax import trace
   trace.traced_module()
   cfg, t = bench_config(name, args), args.tokens
   p = params(cfg)
   names = tuple(n for n in NAMES if n in p)
-  fn = layer_arm(cfg, names, "fused")
+  fn = (train_arm if args.timeline_step else layer_arm)(cfg, names, "fused")
   ins = (tokens(cfg, t, routing, 0), *[p[n] for n in names])
   for _ in range(3):
     jax.block_until_ready(fn(*ins))
   _, recs, dropped = trace.capture(fn, *ins)
-  stem = args.out_dir / f"timeline_moe_{name}"
+  what = "training step" if args.timeline_step else "moe_forward"
+  stem = args.out_dir / f"timeline_moe_{name}{'_step' if args.timeline_step else ''}"
   trace.write_chrome_trace(recs, f"{stem}.json", role_names=TIMELINE_ROLES)
   trace.plot_timeline(recs, f"{stem}.png", role_names=TIMELINE_ROLES,
-                      title=f"moe_forward {name}, {routing}, {t} tokens, EP = 1 ({jax.devices()[0].device_kind})")
+                      title=f"{what} {name}, {routing}, {t} tokens, EP = 1 ({jax.devices()[0].device_kind})")
   t0 = int(recs["start_ns"].min())
-  lines = [f"{name} {routing}: {recs.size} spans ({dropped} dropped), kernel "
-           f"{(int(recs['end_ns'].max()) - t0) / 1e3:.1f} us"]
+  lines = [f"{name} {routing} {what}: {recs.size} spans ({dropped} dropped), "
+           f"{(int(recs['end_ns'].max()) - t0) / 1e3:.1f} us from the first span to the last"]
+  for i, launch in enumerate(_launches(recs)):
+    lines += _launch_lines(launch, ("forward", "backward")[i] if args.timeline_step else "forward", t0)
+  if os.environ.get("OUT"):  # the PNG only: the JSON can be tens of MB
+    shutil.copy(f"{stem}.png", os.environ["OUT"])
+  return lines
+
+
+def _launches(recs) -> list:
+  """The records split by launch: a launch's spans overlap each other, and the next
+  launch's first span starts after the last one's end."""
+  recs = np.sort(recs, order="start_ns")
+  ends = np.maximum.accumulate(recs["end_ns"].astype(np.int64))
+  cut = np.nonzero(recs["start_ns"][1:].astype(np.int64) > ends[:-1])[0] + 1
+  return np.split(recs, cut)
+
+
+BUILD_KINDS = {"forward": ("", "GEMM1", "GEMM2"), "backward": ("", "dgrad2", "dgrad1", "wgrad2", "wgrad1")}
+
+
+def _launch_lines(recs, direction: str, origin: int) -> list[str]:
+  t0, t1 = int(recs["start_ns"].min()), int(recs["end_ns"].max())
+  us = lambda ns: (int(ns) - t0) / 1e3  # noqa: E731
+  lines = [f" {direction} launch: {(t1 - t0) / 1e3:.1f} us, from {(t0 - origin) / 1e3:.1f} us"]
+
+  def span_line(label, sel):
+    busy = (sel["end_ns"] - sel["start_ns"]).astype(np.int64).sum()
+    return (f"  {label:20s} spans {sel.size:6d} CTAs {np.unique(sel['cta']).size:4d} busy {busy / 1e6:8.3f} CTA-ms"
+            f"  from {us(sel['start_ns'].min()):8.1f} us to {us(sel['end_ns'].max()):8.1f} us")
   for r, role in enumerate(TIMELINE_ROLES):
     sel = recs[recs["role"] == r]
     if sel.size:
-      busy = (sel["end_ns"] - sel["start_ns"]).astype(np.int64).sum()
-      lines.append(f"  {role:20s} spans {sel.size:6d} CTAs {np.unique(sel['cta']).size:4d} busy "
-                   f"{busy / 1e6:8.3f} CTA-ms  from {(int(sel['start_ns'].min()) - t0) / 1e3:8.1f} us "
-                   f"to {(int(sel['end_ns'].max()) - t0) / 1e3:8.1f} us")
+      lines.append(span_line(role, sel))
+  builds = recs[recs["role"] == 0]
+  for kind, label in enumerate(BUILD_KINDS[direction]):
+    sel = builds[builds["tile"] == kind]
+    if label and sel.size:
+      lines.append(span_line(f"  {label}", sel))
   waits = recs[recs["role"] == 3]
   for f, flag in enumerate(WAIT_FLAGS):  # kernels/moe/fwd_ctl.cuh moe_wait_tile
     sel = waits[(waits["tile"] >> 20) == f]
     if sel.size:
       d = (sel["end_ns"] - sel["start_ns"]).astype(np.int64)
       lines.append(f"  wait {flag:10s} spans {sel.size:6d} busy {d.sum() / 1e6:8.3f} CTA-ms  longest "
-                   f"{d.max() / 1e3:8.1f} us  last end {(int(sel['end_ns'].max()) - t0) / 1e3:8.1f} us")
-  if os.environ.get("OUT"):  # the PNG only: the JSON can be tens of MB
-    shutil.copy(f"{stem}.png", os.environ["OUT"])
+                   f"{d.max() / 1e3:8.1f} us  last end {us(sel['end_ns'].max()):8.1f} us")
   return lines
 
 

@@ -75,3 +75,33 @@ def test_moe_train_step_toy_runs(tmp_path):
   with (tmp_path / "moe_train_step_llama4-scout.csv").open() as f:
     (row,) = list(csv.DictReader(f))
   assert row["layers"] == "2" and float(row["reference_ms"]) > 0 and "fused_ms" not in row
+
+
+def test_timeline_splits_launches():
+  """benchmarks/moe.py --timeline-step's summary: the records of a step split into its two
+  launches (each launch's spans overlap; XLA's gap between them), the backward's build spans
+  named by GEMM kind."""
+  import importlib.util
+
+  import numpy as np
+
+  from kosmos_jax import trace
+  spec = importlib.util.spec_from_file_location("moe_bench", ROOT / "benchmarks" / "moe.py")
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  try:
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+  finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
+  # (start, end, tile, cta, role): a forward 0-100 (two CTAs), XLA 100-150, a backward 150-400.
+  spans = [(0, 60, 1, 0, 0), (5, 100, 2, 1, 0), (10, 20, 0, 1, 1), (150, 300, 1, 0, 0), (160, 400, 4, 1, 0),
+           (170, 390, 3, 2, 0), (155, 158, (6 << 20) | 3, 2, 3)]
+  recs = np.array([(s, e, t, c, 0, r) for s, e, t, c, r in spans], trace.RECORD_DTYPE)
+  launches = bench._launches(recs[::-1])
+  assert [x.size for x in launches] == [3, 4]
+  lines = bench._launch_lines(launches[1], "backward", 0)
+  assert lines[0] == " backward launch: 0.2 us, from 0.1 us"
+  text = "\n".join(lines)
+  for kind in ("dgrad2", "wgrad2", "wgrad1"):
+    assert f"  {kind}" in text
+  assert "dgrad1" not in text and "wait gemm1" in text
