@@ -467,6 +467,7 @@ def timeline(name: str, routing: str, args) -> list[str]:
   span), the build spans per GEMM kind and the waits per flag."""
   from kosmos_jax import trace
   trace.traced_module()
+  args.out_dir.mkdir(parents=True, exist_ok=True)
   cfg, t = bench_config(name, args), args.tokens
   p = params(cfg)
   names = tuple(n for n in NAMES if n in p)
@@ -477,25 +478,28 @@ def timeline(name: str, routing: str, args) -> list[str]:
   _, recs, dropped = trace.capture(fn, *ins)
   what = "training step" if args.timeline_step else "moe_forward"
   stem = args.out_dir / f"timeline_moe_{name}{'_step' if args.timeline_step else ''}"
-  trace.write_chrome_trace(recs, f"{stem}.json", role_names=TIMELINE_ROLES)
+  if not args.timeline_step:  # a step's JSON runs to hundreds of MB
+    trace.write_chrome_trace(recs, f"{stem}.json", role_names=TIMELINE_ROLES)
   trace.plot_timeline(recs, f"{stem}.png", role_names=TIMELINE_ROLES,
                       title=f"{what} {name}, {routing}, {t} tokens, EP = 1 ({jax.devices()[0].device_kind})")
   t0 = int(recs["start_ns"].min())
   lines = [f"{name} {routing} {what}: {recs.size} spans ({dropped} dropped), "
            f"{(int(recs['end_ns'].max()) - t0) / 1e3:.1f} us from the first span to the last"]
-  for i, launch in enumerate(_launches(recs)):
-    lines += _launch_lines(launch, ("forward", "backward")[i] if args.timeline_step else "forward", t0)
+  directions = ("forward", "backward") if args.timeline_step else ("forward",)
+  for direction, launch in zip(directions, _launches(recs, len(directions))):
+    lines += _launch_lines(launch, direction, t0)
   if os.environ.get("OUT"):  # the PNG only: the JSON can be tens of MB
     shutil.copy(f"{stem}.png", os.environ["OUT"])
   return lines
 
 
-def _launches(recs) -> list:
-  """The records split by launch: a launch's spans overlap each other, and the next
-  launch's first span starts after the last one's end."""
+def _launches(recs, n: int) -> list:
+  """The records split into the call's n launches, at the n - 1 longest gaps in which no
+  span is open (XLA's work between launches; a launch's own gaps are shorter)."""
   recs = np.sort(recs, order="start_ns")
   ends = np.maximum.accumulate(recs["end_ns"].astype(np.int64))
-  cut = np.nonzero(recs["start_ns"][1:].astype(np.int64) > ends[:-1])[0] + 1
+  gaps = recs["start_ns"][1:].astype(np.int64) - ends[:-1]
+  cut = np.sort(np.argsort(gaps)[::-1][:n - 1]) + 1
   return np.split(recs, cut)
 
 

@@ -93,11 +93,12 @@ def test_timeline_splits_launches():
     spec.loader.exec_module(bench)
   finally:
     sys.path.remove(str(ROOT / "benchmarks"))
-  # (start, end, tile, cta, role): a forward 0-100 (two CTAs), XLA 100-150, a backward 150-400.
-  spans = [(0, 60, 1, 0, 0), (5, 100, 2, 1, 0), (10, 20, 0, 1, 1), (150, 300, 1, 0, 0), (160, 400, 4, 1, 0),
+  # (start, end, tile, cta, role): a forward 0-100 (two CTAs, a gap 60-70 where no span is
+  # open), XLA 100-150, a backward 150-400.
+  spans = [(0, 60, 1, 0, 0), (70, 100, 2, 1, 0), (10, 20, 0, 1, 1), (150, 300, 1, 0, 0), (160, 400, 4, 1, 0),
            (170, 390, 3, 2, 0), (155, 158, (6 << 20) | 3, 2, 3)]
   recs = np.array([(s, e, t, c, 0, r) for s, e, t, c, r in spans], trace.RECORD_DTYPE)
-  launches = bench._launches(recs[::-1])
+  launches = bench._launches(recs[::-1], 2)
   assert [x.size for x in launches] == [3, 4]
   lines = bench._launch_lines(launches[1], "backward", 0)
   assert lines[0] == " backward launch: 0.2 us, from 0.1 us"
