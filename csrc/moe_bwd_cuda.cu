@@ -133,7 +133,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   m.order = reinterpret_cast<int*>(base + L.order);
   m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
   m.y_rows = static_cast<bf16_t*>(dx_rows->untyped_data());
-  m.movers = moe_movers(movers, grid, switching != 0);
+  m.movers = moe_movers(movers, grid, switching != 0, 2);
   m.switching = switching != 0;
   m.timeout_ns = timeout_ns();
   m.trace = trace_buf(ordinal, 0);

@@ -88,7 +88,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, 
   m.act = reinterpret_cast<bf16_t*>(base + L.act);
   m.h1 = reinterpret_cast<bf16_t*>(base + L.h1);
   m.y_rows = static_cast<bf16_t*>(y_rows);
-  m.movers = moe_movers(c.movers, c.grid, c.switching);
+  m.movers = moe_movers(c.movers, c.grid, c.switching, 1);
   m.switching = c.switching;
   m.timeout_ns = timeout_ns();
   return m;

@@ -20,7 +20,8 @@ The FFI contract (kosmos_moe_backward, platform CUDA):
             a shared expert x [t, h] (the forward's input), hs [t, 2I] (its
             pre-activations), sw1 [h, 2I], sw2 [I, h] bf16, else (1,) bf16 arrays.
   attrs     (int64) input_gating (the forward's), shared, cu_cap, movers, switching (as
-            the forward's).
+            the forward's; movers -1: the kernel's rule, twice the forward's movers, since
+            dgrad2 eats gathered rows twice as fast as GEMM1: csrc/ffi_util.h).
   results   dx [t, h] bf16 (the experts' part of dL/dx, the shared expert's included);
             dx_rows [R + S, h] bf16, each pair's gradient of its expert input in arena
             order, then the shared expert's; pair_row [t, k] int32; dw1 [E, h, 2I] and
