@@ -26,6 +26,7 @@ class Config:
   top_k: int = 2
   expert_intermediate: int = 64
   eps: float = 1e-6
+  dtype: str = "float32"  # the layers' compute dtype (parameters stay fp32, as Flax's dtype=)
 
 
 # ---- math shared with the twin -------------------------------------------------
@@ -67,7 +68,7 @@ class Attention(nnx.Module):
   """q/k/v column-parallel (heads split over tp), attention local per rank, o row-parallel."""
 
   def __init__(self, cfg: Config, *, mesh, rngs):
-    h, kw = cfg.hidden, dict(mesh=mesh, dp_axis="dp", rngs=rngs)
+    h, kw = cfg.hidden, dict(mesh=mesh, dp_axis="dp", dtype=jnp.dtype(cfg.dtype), rngs=rngs)
     if cfg.heads % mesh.shape["tp"]:
       raise ValueError(f"heads={cfg.heads} must be a multiple of tp={mesh.shape['tp']}")
     self.q, self.k, self.v = (knn.ColumnParallelLinear(h, h, **kw) for _ in range(3))
@@ -91,7 +92,7 @@ class Block(nnx.Module):
       self.ffn = _moe(cfg, mesh=mesh, rngs=rngs)
     else:
       self.ffn = knn.ParallelMLP(cfg.hidden, cfg.mlp_mult * cfg.hidden, mesh=mesh, dp_axis="dp",
-                                 rngs=rngs)
+                                 dtype=jnp.dtype(cfg.dtype), rngs=rngs)
 
   def __call__(self, x):
     x = x + self.attn(rms_norm(x, self.norm1[...], self.cfg.eps))
@@ -110,7 +111,8 @@ def moe_config(cfg: Config):
 
 def _moe(cfg: Config, *, mesh, rngs):
   """Experts over the tp axis: the tokens are already sequence-sharded over it."""
-  return knn.MoE(moe_config(cfg), mesh=mesh, ep_axis="tp", dp_axis="dp", rngs=rngs)
+  return knn.MoE(moe_config(cfg), mesh=mesh, ep_axis="tp", dp_axis="dp", dtype=jnp.dtype(cfg.dtype),
+                 rngs=rngs)
 
 
 class Decoder(nnx.Module):

@@ -9,6 +9,9 @@ parameters and fed the same batches.
 
     python examples/train.py            # TP+SP MLP
     python examples/train.py --moe      # TP+SP attention, EP experts
+
+The fused MoE kernels take bf16 with hidden and expert widths that are multiples of 128;
+on a GPU: KOSMOS_IMPL=fused python examples/train.py --moe --dtype bfloat16 --hidden 128
 """
 from __future__ import annotations
 
@@ -50,10 +53,15 @@ def parse_args(argv=None):
   p.add_argument("--layers", type=int, default=2)
   p.add_argument("--tp", type=int, default=None, help="default: min(4, devices)")
   p.add_argument("--lr", type=float, default=3e-3)
-  p.add_argument("--moe", action="store_true", help="replace ParallelMLP by an EP MoE layer")
-  p.add_argument("--parity-tol", type=float, default=1e-3,
-                 help="max relative difference of the loss curves vs the unsharded twin (fp32 "
-                      "reduction order differs; Adam amplifies it slowly over steps)")
+  p.add_argument("--moe", action="store_true", help="replace ParallelMLP by an EP MoE layer (its experts "
+                 "as wide as --hidden)")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                 help="the layers' compute dtype (parameters and the residual stream stay fp32)")
+  p.add_argument("--parity-tol", type=float, default=None,
+                 help="max relative difference of the loss curves vs the unsharded twin (default 1e-3 "
+                      "in fp32, where only the reduction order differs and Adam amplifies it slowly "
+                      "over steps; 1e-2 in bf16, where a sum rounded in another order can round to a "
+                      "neighbouring bf16 value)")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args(argv)
 
@@ -130,11 +138,13 @@ def train_sharded(args, mesh, model, data, check_every: int = 25):
 
 def main(argv=None):
   args = parse_args(argv)
+  if args.parity_tol is None:
+    args.parity_tol = 1e-3 if args.dtype == "float32" else 1e-2
   mesh = make_mesh(args.tp)
   cfg = model_lib.Config(vocab=256, hidden=args.hidden, heads=args.heads, layers=args.layers,
-                         seq=args.seq, moe=args.moe)
+                         seq=args.seq, moe=args.moe, expert_intermediate=args.hidden, dtype=args.dtype)
   print(f"devices: {len(jax.devices())} x {jax.devices()[0].platform}, mesh {dict(mesh.shape)}, "
-        f"{'MoE (EP over tp)' if args.moe else 'MLP'}; path: {path_ran(args.moe)}")
+        f"{'MoE (EP over tp)' if args.moe else 'MLP'}, {args.dtype}; path: {path_ran(args.moe)}")
   with jax.set_mesh(mesh):
     model = model_lib.Decoder(cfg, mesh=mesh, rngs=nnx.Rngs(args.seed))
     params0 = twin_lib.host_params(model)

@@ -18,8 +18,13 @@ def host_params(model):
   return jax.tree.map(lambda v: np.asarray(jax.device_get(v)), nnx.to_pure_dict(state))
 
 
-def _mlp(p, x):
-  gu, down = p["gate_up"], p["down"]
+def _cast(cfg, *arrays):
+  """The layers' inputs and weights in the compute dtype, as Flax's dtype= promotes them."""
+  return tuple(jnp.asarray(a).astype(cfg.dtype) for a in arrays)
+
+
+def _mlp(cfg, p, x):
+  x, gu, down = _cast(cfg, x, p["gate_up"], p["down"])
   return (jax.nn.silu(x @ gu[:, 0]) * (x @ gu[:, 1])) @ down
 
 
@@ -29,14 +34,14 @@ def _moe(cfg, p, x, dp: int):
   mcfg = moe_config(cfg)
   ys, auxes = [], []
   for xs in jnp.split(x, dp, axis=0):
-    t = xs.reshape(-1, cfg.hidden)  # [tokens, h]
-    r = moe_lib.route(t, p["router_w"], mcfg)
+    t, router_w, gate_up, down = _cast(cfg, xs.reshape(-1, cfg.hidden), p["router_w"], p["gate_up"], p["down"])
+    r = moe_lib.route(t, router_w, mcfg)  # t [tokens, h]
     onehot = jax.nn.one_hot(r.indices, mcfg.num_experts, dtype=jnp.float32)  # [t, k, E]
     gate = jnp.einsum("tk,tke->te", r.weights, onehot)  # [t, E]
-    g = jnp.einsum("th,ehi->eti", t, p["gate_up"][:, :, 0])  # [E, t, I]
-    u = jnp.einsum("th,ehi->eti", t, p["gate_up"][:, :, 1])
-    out = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, p["down"])  # [E, t, h]
-    ys.append(jnp.einsum("te,eth->th", gate, out).reshape(xs.shape).astype(x.dtype))
+    g = jnp.einsum("th,ehi->eti", t, gate_up[:, :, 0])  # [E, t, I]
+    u = jnp.einsum("th,ehi->eti", t, gate_up[:, :, 1])
+    out = jnp.einsum("eti,eih->eth", jax.nn.silu(g) * u, down)  # [E, t, h]
+    ys.append(jnp.einsum("te,eth->th", gate, out).reshape(xs.shape).astype(cfg.dtype))
     auxes.append(moe_lib.aux_loss(r, mcfg))
   return jnp.concatenate(ys, 0), jnp.mean(jnp.stack(auxes))
 
@@ -48,16 +53,15 @@ def forward(cfg, p, tokens, dp: int = 1):
   head_dim = cfg.hidden // cfg.heads
   for i in range(cfg.layers):
     b = p["blocks"][i]
-    h = rms_norm(x, b["norm1"], cfg.eps)
-    a = causal_attention(h @ b["attn"]["q"]["kernel"], h @ b["attn"]["k"]["kernel"],
-                         h @ b["attn"]["v"]["kernel"], head_dim)
-    x = x + a @ b["attn"]["o"]["kernel"]
+    h, q, k, v, o = _cast(cfg, rms_norm(x, b["norm1"], cfg.eps),
+                          *(b["attn"][n]["kernel"] for n in ("q", "k", "v", "o")))
+    x = x + causal_attention(h @ q, h @ k, h @ v, head_dim) @ o
     h = rms_norm(x, b["norm2"], cfg.eps)
     if cfg.moe:
       y, a = _moe(cfg, b["ffn"], h, dp)
       x, aux = x + y, aux + a
     else:
-      x = x + _mlp(b["ffn"], h)
+      x = x + _mlp(cfg, b["ffn"], h)
   return rms_norm(x, p["norm"], cfg.eps) @ p["head"], aux
 
 
