@@ -114,5 +114,6 @@ std::vector<std::pair<std::string, long long>> bulk_ag_nn_engine_runs();
 std::vector<std::pair<std::string, long long>> tn_rs_engine_runs();
 std::vector<std::pair<std::string, long long>> bulk_rs_nt_engine_runs();
 std::vector<std::pair<std::string, long long>> moe_forward_engine_runs();  // kosmos_moe_forward
+std::vector<std::pair<std::string, long long>> moe_backward_engine_runs();  // kosmos_moe_backward
 
 }  // namespace kosmos

@@ -180,6 +180,7 @@ NB_MODULE(_kosmos_ext, m) {
   m.def("bulk_ag_nn_engine_runs", &kosmos::bulk_ag_nn_engine_runs);
   m.def("bulk_rs_nt_engine_runs", &kosmos::bulk_rs_nt_engine_runs);
   m.def("moe_forward_engine_runs", &kosmos::moe_forward_engine_runs);
+  m.def("moe_backward_engine_runs", &kosmos::moe_backward_engine_runs);
   m.def("trace_compiled", &kosmos::trace_compiled);
   m.def("trace_enable", &TraceEnable);
   m.def("trace_disable", &kosmos::trace_disable);

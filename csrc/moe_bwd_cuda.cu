@@ -1,11 +1,18 @@
 // FFI handler of the MoE backward (CUDA): kosmos_moe_backward, the backward
-// megakernel at EP = 1 with the shared expert (kernels/moe/bwd_sm90.cuh;
-// contract: kosmos_jax/ops/_fused_moe_bwd.py). Hopper builders only so far:
-// other GPUs are refused, naming the device. It reads the forward's workspace
-// (the gathered x rows, act and h1 of the same routing, kernels/moe/fwd_ws.h).
+// megakernel at EP = 1 with the shared expert (contract:
+// kosmos_jax/ops/_fused_moe_bwd.py). Its Hopper builders
+// (kernels/moe/bwd_sm90.cuh) on compute capability 9.0, its portable ones
+// (kernels/moe/bwd_portable.cuh) on every other GPU or everywhere with
+// KOSMOS_FUSED_BUILDERS=portable: one schedule and workspace, each engine's
+// tile widths; which ran is counted (moe_backward_engine_runs). It reads the
+// forward's workspace (the gathered x rows, act and h1 of the same routing,
+// kernels/moe/fwd_ws.h).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "device.h"
 #include "ffi_util.h"
@@ -13,6 +20,7 @@
 #include "handlers.h"
 #include "launch.h"
 #include "moe/bwd_ws.h"
+#include "moe_bwd_portable.h"
 #include "moe_bwd_sm90.h"
 #include "trace_buf.h"
 
@@ -23,9 +31,11 @@ using namespace kosmos::ffi_util;
 
 namespace {
 
-// The operands' types and shapes: "" or what is wrong.
+std::atomic<long long> g_runs[2];  // kosmos_moe_backward launches: [0] Hopper builders, [1] portable
+
+// The operands' types and shapes for the engine (sm90: the Hopper builders): "" or what is wrong.
 std::string check_operands(ffi::AnyBuffer dy, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
-                           ffi::AnyBuffer w2, ffi::AnyBuffer fws) {
+                           ffi::AnyBuffer w2, ffi::AnyBuffer fws, bool sm90) {
   using DT = ffi::DataType;
   auto dd = dy.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
   if (dd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3 || fws.dimensions().size() != 1)
@@ -39,13 +49,46 @@ std::string check_operands(ffi::AnyBuffer dy, ffi::AnyBuffer indices, ffi::AnyBu
     return "shapes disagree: dy " + dims(dd) + ", indices " + dims(id) + ", weights " + dims(weights.dimensions()) +
            ", w1 " + dims(w1d) + ", w2 " + dims(w2d);
   if (t < 1 || t > (1 << 24)) return "t=" + std::to_string(t) + " must be in [1, 2^24]";
-  if (std::string why = moe_bwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k); !why.empty())
+  const std::string why = sm90 ? moe_bwd_sm90_unsupported((int)H, (int)I, (int)E, (int)k)
+                               : moe::moe_bwd_portable_unsupported((int)H, (int)I, (int)E, (int)k);
+  if (!why.empty())
     return why + " (h=" + std::to_string(H) + ", I=" + std::to_string(I) + ", E=" + std::to_string(E) +
-           ", k=" + std::to_string(k) + ")";
+           ", k=" + std::to_string(k) + "; " + (sm90 ? "Hopper" : "portable") + " builders)";
   return "";
 }
 
+// The engine's kernel, loaded and checked on `ordinal` (the current device): "" or why not.
+std::string prepare_engine(bool sm90, int ordinal) {
+  if (!sm90) return moe_bwd_portable_prepare(ordinal);
+  std::string why = moe_bwd_sm90_prepare(ordinal);
+  if (why.empty() && !moe_bwd_sm90_ready(ordinal)) why = "the Hopper kernel could not be prepared on this device";
+  return why;
+}
+
+// The forward's workspace's sections and the backward's own buffers, for either engine.
+struct MoeBwdBuffers {
+  const void *w1, *w2, *x_rows, *act, *h1, *x, *hs, *sw1, *sw2;
+  void *dh1, *dw1, *dw2, *dsw1, *dsw2;
+};
+
+cudaError_t launch_engine(bool sm90, const moe::MoeFwdParams& m, const MoeBwdBuffers& b, int grid, int ordinal,
+                          cudaStream_t stream) {
+  if (sm90)
+    return moe_bwd_sm90_launch(m, b.w1, b.w2, b.x_rows, b.act, b.h1, b.dh1, b.dw1, b.dw2, b.x, b.hs, b.sw1, b.sw2,
+                               b.dsw1, b.dsw2, grid, stream);
+  using T = bf16_t;
+  const moe::MoeBwdPortableParams<T> p{
+      m, static_cast<const T*>(b.w1), static_cast<const T*>(b.w2), static_cast<const T*>(b.x_rows),
+      static_cast<const T*>(b.act), static_cast<const T*>(b.h1), static_cast<T*>(b.dh1), static_cast<T*>(b.dw1),
+      static_cast<T*>(b.dw2), static_cast<const T*>(b.x), static_cast<const T*>(b.hs), static_cast<const T*>(b.sw1),
+      static_cast<const T*>(b.sw2), static_cast<T*>(b.dsw1), static_cast<T*>(b.dsw2),
+      moe::moe_portable_wgrad_tiles(m.H, m.I)};
+  return moe_bwd_portable_launch(p, grid, ordinal, stream);
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, long long>> kosmos::moe_backward_engine_runs() { return engine_counts(g_runs); }
 
 static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer dy, ffi::AnyBuffer indices,
                                   ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer fws,
@@ -57,15 +100,13 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
                                   int64_t input_gating, int64_t shared, int64_t cu_cap, int64_t movers,
                                   int64_t switching) {
   const char* op = "kosmos_moe_backward";
-  if (std::string why = check_operands(dy, indices, weights, w1, w2, fws); !why.empty()) return Fail(op, why);
-  const int t = (int)dy.dimensions()[0], H = (int)dy.dimensions()[1], k = (int)indices.dimensions()[1];
-  const int E = (int)w1.dimensions()[0], I = (int)w2.dimensions()[1];
   int grid = 0;
   bool cc90 = false;
   if (std::string why = grid_of(ordinal, cu_cap, &grid, &cc90); !why.empty()) return Fail(op, why);
-  if (!cc90)
-    return Fail(op, "the fused MoE backward runs on compute capability 9.0 (H100/H200) only so far (its Hopper "
-                    "builders); ordinal " + std::to_string(ordinal) + " is another generation: use impl='reference'");
+  const bool sm90 = cc90 && !force_portable_builders();
+  if (std::string why = check_operands(dy, indices, weights, w1, w2, fws, sm90); !why.empty()) return Fail(op, why);
+  const int t = (int)dy.dimensions()[0], H = (int)dy.dimensions()[1], k = (int)indices.dimensions()[1];
+  const int E = (int)w1.dimensions()[0], I = (int)w2.dimensions()[1];
   const int R = moe::moe_ep1_rows(t, k, E), S = moe::moe_shared_rows(t, shared != 0);
   const moe::MoeWs F = moe::moe_ws_layout(t, k, E, H, I, shared != 0);
   const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I, shared != 0);
@@ -99,9 +140,8 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
   DeviceGuard guard(ordinal);
   if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
-  std::string err = moe_bwd_sm90_prepare(ordinal);
-  if (err.empty() && !moe_bwd_sm90_ready(ordinal)) err = "the Hopper kernel could not be prepared on this device";
-  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
+  if (std::string err = prepare_engine(sm90, ordinal); !err.empty())
+    return ffi::Error::Internal(std::string(op) + ": " + err);
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = cudaMemsetAsync(base, 0, L.zeroed, stream);
   if (e == cudaSuccess && poison_output()) {
@@ -110,7 +150,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   }
   if (e != cudaSuccess) return CudaFail(op, "clearing the workspace", ordinal, e);
   int nt1 = 0, nt2 = 0;
-  moe_bwd_sm90_columns(H, I, &nt1, &nt2);
+  if (sm90) moe_bwd_sm90_columns(H, I, &nt1, &nt2); else moe::moe_portable_bwd_columns(H, I, &nt1, &nt2);
   moe::MoeFwdParams m{};
   m.s = moe::MoeFwdShape{1, 0, t, k, moe::kMoeBlockTokens, E, moe::kMoeTileRows, nt1, nt2, /*groups=*/4,
                          /*capacity=*/t, /*shared_rb0=*/R / moe::kMoeTileRows, /*shared_blocks=*/S / moe::kMoeTileRows,
@@ -138,11 +178,12 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   m.timeout_ns = timeout_ns();
   m.trace = trace_buf(ordinal, 0);
   const char* f = static_cast<const char*>(fws.untyped_data());
-  e = moe_bwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), f + F.arena, f + F.act, f + F.h1, base + L.dh1,
-                          dw1->untyped_data(), dw2->untyped_data(), x.untyped_data(), hs.untyped_data(),
-                          sw1.untyped_data(), sw2.untyped_data(), dsw1->untyped_data(), dsw2->untyped_data(), grid,
-                          stream);
+  const MoeBwdBuffers b{w1.untyped_data(), w2.untyped_data(), f + F.arena, f + F.act, f + F.h1, x.untyped_data(),
+                        hs.untyped_data(), sw1.untyped_data(), sw2.untyped_data(), base + L.dh1,
+                        dw1->untyped_data(), dw2->untyped_data(), dsw1->untyped_data(), dsw2->untyped_data()};
+  e = launch_engine(sm90, m, b, grid, ordinal, stream);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
+  ++g_runs[sm90 ? 0 : 1];  // counted once the launch is accepted
   return ffi::Error::Success();
 }
 

@@ -84,6 +84,11 @@
 //                      ranges of its contraction (X[e]^T @ dY[e]); the two
 //                      starts differ where A and B are different arrays (the
 //                      MoE shared expert's token rows against its arena rows).
+//  kMovedB             (portable engine; a flag, no function) the Problem's B
+//                      was written during the launch (the MoE backward's weight
+//                      gradients read the gathered dY rows and dgrad2's output),
+//                      so it is read L2-only, as a_source's A. TMA reads through
+//                      L2 anyway: the Hopper engine has nothing to do for it.
 //  b_halves(t, &lo, &hi)  (when kSplitB) before tile t's loads: B's kBN rows of
 //                      tile t come as two halves from two row blocks of B,
 //                      half-blocks lo and hi (in units of kBN / 2 rows) into the
@@ -140,6 +145,7 @@ KOSMOS_HOOK_FLAG(rows_b, kRowsB)            // absent: tile n reads B's rows fro
 KOSMOS_HOOK_FLAG(ranges_k, kKRange)         // absent: every tile contracts all of K
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 KOSMOS_HOOK_FLAG(keeps_preact, kKeepsPreact) // absent: a staging type stores no pre-activations (MoE GEMM1's preact)
+KOSMOS_HOOK_FLAG(moved_b, kMovedB)          // absent: B was written before the launch (portable: L1 may cache it)
 #undef KOSMOS_HOOK_FLAG
 
 // Where a tile is in the Hopper engine's consumers: its claim read, its

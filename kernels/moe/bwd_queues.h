@@ -12,8 +12,8 @@
 //
 //  dgrad2  kind 1, tile (rb, n): dA = dY_rows @ W2[e]^T, column block n of I,
 //          the SwiGLU backward in the epilogue (from the forward's saved
-//          pre-activations h1): d(gate | up) of the same I columns, and
-//          act = silu(gate) * up again for wgrad2. Waits for its rows to
+//          pre-activations h1): d(gate | up) of the same I columns (wgrad2
+//          reads the forward's act). Waits for its rows to
 //          arrive; completes kGemm1[rb] once all nt1 tiles are done.
 //  dgrad1  kind 2, tile (rb, n): dX_rows = d(gate | up) @ W1[e]^T, column
 //          block n of H, K = 2I. Waits for kGemm1[rb]; completes kGemm2[rb],

@@ -30,7 +30,8 @@
 // arena rows of act and dh1 (k_range's two starts), and the fold adds its dX
 // row with weight 1. Its dW leave through their own store boxes (dsw1, dsw2).
 //
-// Not here yet: the router and routing-weight gradients (XLA), EP > 1.
+// Not here yet: the router and routing-weight gradients (XLA), EP > 1. The
+// portable builders of the same schedule: moe/bwd_portable.cuh.
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
 #include "moe/bwd_hooks_sm90.cuh"

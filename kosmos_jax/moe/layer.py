@@ -5,7 +5,7 @@ implement (`ops.moe_forward`, `ops.moe_backward`, paper §3.3.1 / §3.3.2), so a
 replaces the inside of the rule and nothing a user sees changes.
 
 Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel (EP = 1 so far)
-and the backward its own (EP = 1, Hopper GPUs) on the fused forward's residuals: both
+and the backward its own (EP = 1) on the fused forward's residuals: both
 directions fused. Where ops.moe_backward has no fused kernel at all (an extension
 without it, no usable GPU), the twin's backward runs on those residuals instead.
 """

@@ -2,11 +2,14 @@
 `kosmos_moe_backward` FFI target (csrc/moe_bwd_cuda.cu), one persistent launch that
 recomputes the forward's plan from the same routing, gathers each pair's dY row into the
 forward's arena order, and runs dgrad2 with the SwiGLU backward in its epilogue, dgrad1,
-the experts' weight gradients and the fold of dX (kernels/moe/bwd_sm90.cuh). It reads the
+the experts' weight gradients and the fold of dX. It reads the
 fused forward's workspace (residuals.ws: the gathered x rows, SwiGLU activations and
 pre-activations), so it runs after a fused forward only. The shared expert's gradients
 are tiles of the same launch (its row blocks after the arena's, as in the forward), its
-dX row folded after the k routed rows. Hopper (compute capability 9.0) only so far.
+dX row folded after the k routed rows. Hopper builders on compute capability 9.0
+(kernels/moe/bwd_sm90.cuh), portable ones on any other CUDA GPU or under
+KOSMOS_FUSED_BUILDERS=portable (kernels/moe/bwd_portable.cuh, covered by the HIP
+compile check; `kosmos_jax.testing.builder_runs()["moe_backward"]` counts which ran).
 
 In XLA, as the twin (kosmos_jax.reference.moe.moe_backward) computes them: the
 routing-weight gradients dg_j (output gating: <dY, Y_j> from the forward's expert rows;

@@ -21,9 +21,9 @@ ignores them, as every op's reference path does.
 
 Fused paths so far: moe_forward at EP = 1 (an `axis_name` of size 1), bf16, with the
 router in XLA before the one launch, which runs the shared expert too (as wide as a
-routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at EP = 1 on Hopper GPUs,
-after a fused forward (it reads the forward's workspace, residuals.ws), with the
-routing-weight, router and shared-expert gradients in XLA beside its one launch
+routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at EP = 1 after a fused
+forward (it reads the forward's workspace, residuals.ws), the shared expert's gradients
+in its one launch, the routing-weight and router gradients in XLA beside it
 (kosmos_jax/ops/_fused_moe_bwd.py). At EP > 1 impl='fused' raises NotImplementedError.
 The fused moe_forward is not differentiable by itself: differentiate the layer
 (kosmos_jax.moe.moe_layer), whose custom_vjp pairs the ops.

@@ -34,7 +34,7 @@ from kosmos_jax.testing import grouped_gemm  # noqa: F401  (kosmos_jax.testing.g
 
 TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
 # The fused ops whose handlers count their launches per builder engine (sm90, portable).
-BUILDER_OPS = TP_OPS + ("moe_forward",)
+BUILDER_OPS = TP_OPS + ("moe_forward", "moe_backward")
 # The module attribute holding each fused op's primitive (what fused_on_cpu can stand in for).
 _PRIMITIVES = {"ag_tn": (_fused_tp, "ag_tn_p"), "tn_rs": (_fused_tp, "tn_rs_p"),
                "ag_nn": (_fused_tp, "ag_nn_p"), "bulk_ag_nn": (_fused_tp, "bulk_ag_nn_p"),

@@ -200,6 +200,17 @@ def test_counts_the_engine_it_ran():
   assert ran == {"sm90": int(_engine() == "sm90"), "portable": int(_engine() == "portable")}, ran
 
 
+def test_backward_counts_the_engine_it_ran():
+  """A fused training step counts one backward launch, for the builders it ran."""
+  cfg, t = KINDS["softmax"], 300
+  p, x, cot = _params(cfg), _tokens(cfg, t), fresh((t, cfg.hidden))
+  before = builder_runs()["moe_backward"]
+  jax.block_until_ready(_layer_grads(cfg, "fused", x, p, cot))
+  after = builder_runs()["moe_backward"]
+  ran = {e: after[e] - before[e] for e in after}
+  assert ran == {"sm90": int(_engine() == "sm90"), "portable": int(_engine() == "portable")}, ran
+
+
 def _owned(cfg, t, pair_row):
   """The rows of y_rows the launch owns: every pair's, then the shared expert's t."""
   own = np.asarray(pair_row).ravel()
@@ -236,7 +247,26 @@ for kind in sorted(T.KINDS):
     out['bits'][kind] = ''
   except AssertionError as e:
     out['bits'][kind] = str(e)
+out['grads'] = {}
+for kind in sorted(T.KINDS):  # the backward: every gradient, and a grid of one CTA's bits
+  cfg, t = T.KINDS[kind], 300
+  p, x, cot = T._params(cfg), T._tokens(cfg, t), T.fresh((t, cfg.hidden))
+  got, want = T._layer_grads(cfg, 'fused', x, p, cot), T._layer_grads(cfg, 'reference', x, p, cot)
+  one = T._layer_grads(cfg, 'fused', x, p, cot, cu_cap=1)
+  msgs = []
+  for name in got:
+    try:
+      if name == 'expert_bias':
+        assert not np.any(np.asarray(got[name])), f'{kind} dexpert_bias is not zero'
+        continue
+      T.assert_close(got[name], want[name], T.BF16, what=f'{kind} d{name} portable vs reference')
+      assert np.array_equal(np.asarray(one[name], np.float32), np.asarray(got[name], np.float32)), \
+          f'{kind} d{name}: cu_cap=1 differs from the full grid'
+    except AssertionError as e:
+      msgs.append(str(e)[:500])
+  out['grads'][kind] = msgs
 out['runs'] = builder_runs()['moe_forward']
+out['runs_bwd'] = builder_runs()['moe_backward']
 print('RESULT', json.dumps(out))
 """
 
@@ -244,8 +274,8 @@ print('RESULT', json.dumps(out))
 def test_portable_builders_on_hopper():
   """KOSMOS_FUSED_BUILDERS=portable: the portable builders on a Hopper GPU, every
   router kind against the twin (y, and y_rows[pair_row] against each pair's expert
-  output), the stable plan, a grid of one CTA with the full grid's bits, and every
-  launch counted as portable."""
+  output; every gradient of the layer, both directions fused), the stable plan, a
+  grid of one CTA with the full grid's bits, and every launch counted as portable."""
   if _engine() != "sm90":
     pytest.skip("this process already runs the portable builders in every test of the module")
   here = os.path.dirname(os.path.abspath(__file__))
@@ -255,10 +285,13 @@ def test_portable_builders_on_hopper():
   lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
   assert r.returncode == 0 and lines, f"child failed (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
   out = json.loads(lines[-1][len("RESULT "):])
-  assert out["runs"] == {"sm90": 0, "portable": 3 * len(KINDS)}, out["runs"]
+  assert out["runs"] == {"sm90": 0, "portable": 5 * len(KINDS)}, out["runs"]
+  assert out["runs_bwd"] == {"sm90": 0, "portable": 2 * len(KINDS)}, out["runs_bwd"]
   for kind, errs in out["errs"].items():
     assert all(e <= TWIN_RTOL for e in errs), f"{kind}: portable rel. errors (y, y_rows) {errs} > {TWIN_RTOL:.1e}"
   bad = {kind: msg for kind, msg in out["bits"].items() if msg}
+  assert not bad, bad
+  bad = {kind: msgs for kind, msgs in out["grads"].items() if msgs}
   assert not bad, bad
 
 

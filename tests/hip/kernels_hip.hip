@@ -1,12 +1,13 @@
 // The kernels the HIP code-generation check (tests/hip/hip_codegen.py) compiles
 // for gfx90a, gfx942 and gfx950: every portable kernel, at fp32 and bf16 (the
 // CUDA build also launches fp16, which shares the bf16 code paths but for the
-// conversions; the MoE forward is bf16 only). One explicit instantiation a
+// conversions; the MoE megakernels are bf16 only). One explicit instantiation a
 // line; to add a kernel, include its header, add its lines here and its
 // bounds in tests/hip/resource_bounds.txt
 // (the check fails on a generated kernel without a bound), then run
 // scripts/hip_check.sh and record the new rows in docs/hip.md.
 #include "gemm/portable/tile_engine.cuh"
+#include "moe/bwd_portable.cuh"
 #include "moe/fwd_portable.cuh"
 #include "tp/ag_gemm.cuh"
 #include "tp/bulk_ag.cuh"
@@ -32,6 +33,8 @@ template __global__ void bulk_rs_nt_kernel<bf16_t>(const BulkRsParams<bf16_t>);
 namespace kosmos::moe {
 // The MoE forward megakernel at EP = 1, portable builders (kernels/moe/fwd_portable.cuh): bf16 only.
 template __global__ void moe_fwd_portable_kernel<bf16_t>(const MoeFwdPortableParams<bf16_t>);
+// Its backward megakernel, portable builders (kernels/moe/bwd_portable.cuh): bf16 only.
+template __global__ void moe_bwd_portable_kernel<bf16_t>(const MoeBwdPortableParams<bf16_t>);
 }  // namespace kosmos::moe
 
 namespace kosmos::portable {

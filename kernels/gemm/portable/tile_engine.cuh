@@ -12,7 +12,7 @@
 // f16 and fp32 too), all arithmetic is fp32 FMA in ascending k, whatever the
 // hooks, so a fused kernel's tiles have the bits of the plain GEMM's.
 // Hooks it honours: before_tile, before_k, tile_done (kTileDone), row_ptr
-// (kMapsRows), a_source (kSplitA) and b_halves (kSplitB); the Hopper engine's
+// (kMapsRows), a_source (kSplitA), b_halves (kSplitB) and kMovedB; the Hopper engine's
 // store-box, trace and grouped-B hooks have no meaning here and are refused at
 // compile time. An op whose epilogue does more than store the tile (the MoE
 // GEMM1's SwiGLU, moe/fwd_portable.cuh) runs mainloop() and stores the
@@ -102,7 +102,11 @@ struct TileEngine {
       const int first = lo * (kBN / 2), second = hi * (kBN / 2) - kBN / 2;
       stage<kMajorB, kBN, false>(b, p.N, p.K, [=](int r) { return (r < kBN / 2 ? first : second) + r; }, k0, s.b);
     } else {
-      stage<kMajorB, kBN, false>(static_cast<const InT*>(p.b), p.N, p.K, [&](int r) { return t.n * kBN + r; }, k0, s.b);
+      // kMovedB: B's rows were written during the launch (the MoE backward's
+      // weight gradients read the gathered dY rows and dgrad2's d(gate | up)),
+      // so L2-only, as a_source's A.
+      stage<kMajorB, kBN, gemm::moved_b_v<Hooks>>(static_cast<const InT*>(p.b), p.N, p.K,
+                                                 [&](int r) { return t.n * kBN + r; }, k0, s.b);
     }
   }
 
