@@ -81,6 +81,23 @@ std::string prepare_persistent(const void* kernel, int threads, size_t static_sm
   return "";
 }
 
+std::string PersistentKernel::prepare(int ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxOrdinals)
+    return std::string(name_) + ": device ordinal " + std::to_string(ordinal) + " is outside 0.." +
+           std::to_string(kMaxOrdinals - 1);
+  if (ready_[ordinal]) return "";
+  int pad = 0;
+  const std::string err = prepare_persistent(fn_, threads_, static_smem_, ordinal, &pad);
+  if (!err.empty()) return std::string(name_) + ": " + err;
+  pad_[ordinal] = pad;
+  ready_[ordinal] = true;  // after the padding: a reader that sees ready reads it
+  return "";
+}
+
+int PersistentKernel::padding(int ordinal) const {
+  return ordinal >= 0 && ordinal < kMaxOrdinals && ready_[ordinal] ? pad_[ordinal].load() : -1;
+}
+
 std::string prepare_all(PersistentKernels* k, int ordinal) {
   if (ordinal < 0 || ordinal >= kMaxOrdinals)
     return "device ordinal " + std::to_string(ordinal) + " is outside 0.." + std::to_string(kMaxOrdinals - 1);

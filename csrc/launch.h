@@ -54,6 +54,26 @@ struct PersistentKernels {
 };
 std::string prepare_all(PersistentKernels* k, int ordinal);
 
+// One persistent kernel of one type (the MoE megakernels' portable builders),
+// prepared once per device: a static instance per launcher.
+class PersistentKernel {
+ public:
+  PersistentKernel(const void* fn, int threads, size_t static_smem, const char* name)
+      : fn_(fn), threads_(threads), static_smem_(static_smem), name_(name) {}
+  // "" once prepared on `ordinal` (prepare_persistent, the first call there), else why not, named.
+  std::string prepare(int ordinal);
+  // The dynamic shared memory (padding) it launches with on a prepared `ordinal`, else -1.
+  int padding(int ordinal) const;
+
+ private:
+  const void* fn_;
+  int threads_;
+  size_t static_smem_;
+  const char* name_;
+  std::atomic<int> pad_[kMaxOrdinals] = {};
+  std::atomic<bool> ready_[kMaxOrdinals] = {};
+};
+
 // 0 for f32, 1 for f16, 2 for bf16, -1 otherwise.
 int dtype_index(xla::ffi::DataType t);
 

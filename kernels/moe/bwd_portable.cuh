@@ -197,11 +197,8 @@ __global__ void __launch_bounds__(portable::kThreads, 1) moe_bwd_portable_kernel
 
 // The problem's shape, or "" when this kernel runs it (the handler names values).
 inline const char* moe_bwd_portable_unsupported(int H, int I, int E, int k) {
-  if (H <= 0 || H % 8) return "hidden must be a positive multiple of 8 (the gather's and the fold's 16-byte rows)";
   if (I <= 0) return "expert_intermediate must be positive";
-  if (E < 1 || E > kMaxExperts) return "num_experts must be in [1, 512]";
-  if (k < 1 || k > 32 || k > E) return "top_k must be in [1, min(32, num_experts)] (a fold group holds a token's rows)";
-  return "";
+  return moe_cta_unsupported(H, E, k);
 }
 
 // Launches over p.m (its workspace zeroed where moe_bwd_ws_layout says, m.s.nt1 /

@@ -112,9 +112,7 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
 inline const char* moe_bwd_sm90_unsupported(int H, int I, int E, int k) {
   if (H <= 0 || H % 128) return "hidden must be a positive multiple of 128 (wgrad1's tile rows of dW1)";
   if (I <= 0 || I % 128) return "expert_intermediate must be a positive multiple of 128 (wgrad2's tile rows of dW2)";
-  if (E < 1 || E > kMaxExperts) return "num_experts must be in [1, 512]";
-  if (k < 1 || k > 32 || k > E) return "top_k must be in [1, min(32, num_experts)] (the fold's warp holds a token's rows)";
-  return "";
+  return moe_cta_unsupported(H, E, k);
 }
 
 // The weight-gradient tiles of one expert for the engine's tile widths.

@@ -62,6 +62,16 @@ KOSMOS_HD inline bool moe_fwd_shape_ok(const MoeFwdShape& s) {
          s.band >= 1;
 }
 
+// What the CTA life needs of a problem whatever the engine or direction
+// (the gather's and the fold's 16-byte rows, the layout's experts, the fold's
+// 32 lanes per token): "" or why not. Each engine adds its tiles' needs.
+inline const char* moe_cta_unsupported(int H, int E, int k) {
+  if (H <= 0 || H % 8) return "hidden must be a positive multiple of 8 (the gather's and the fold's 16-byte rows)";
+  if (E < 1 || E > kMaxExperts) return "num_experts must be in [1, 512]";
+  if (k < 1 || k > 32 || k > E) return "top_k must be in [1, min(32, num_experts)] (the fold's 32 lanes hold a token's rows)";
+  return "";
+}
+
 // Rows of one rank's receive arena in either mode (see the header).
 KOSMOS_HD inline int moe_arena_rows(const MoeFwdShape& s, bool dropless) {
   if (!dropless) return s.e_local * moe_cdiv(s.ep * s.capacity, s.tile_m) * s.tile_m;

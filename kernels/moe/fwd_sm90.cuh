@@ -158,9 +158,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __
 inline const char* moe_fwd_sm90_unsupported(int H, int I, int E, int k) {
   if (H <= 0 || H % 64) return "hidden must be a positive multiple of 64 (GEMM1's k-blocks, GEMM2's 16-byte rows)";
   if (I <= 0 || I % 128) return "expert_intermediate must be a positive multiple of 128 (the SwiGLU column blocks)";
-  if (E < 1 || E > kMaxExperts) return "num_experts must be in [1, 512]";
-  if (k < 1 || k > 32 || k > E) return "top_k must be in [1, min(32, num_experts)] (the fold's warp holds a token's rows)";
-  return "";
+  return moe_cta_unsupported(H, E, k);
 }
 
 // Launches over m (its workspace zeroed where moe_ws_layout says) with `grid`
