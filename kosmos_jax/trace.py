@@ -179,6 +179,7 @@ def plot_timeline(records, path: str | os.PathLike, *, title: str | None = None,
                   role_colors=ROLE_COLORS, per_rank_origin: bool = False) -> str:
   """Draws the timeline as a PNG: one row per (rank, CTA), rank-major, x in us."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional: the bench extra
+  from matplotlib.collections import PolyCollection
   from matplotlib.figure import Figure
   from matplotlib.patches import Patch
 
@@ -194,10 +195,18 @@ def plot_timeline(records, path: str | os.PathLike, *, title: str | None = None,
   dur_us = (recs["end_ns"] - recs["start_ns"]).astype(np.int64) / 1000.0
   y = np.array([row_of[(int(r), int(c))] for r, c in zip(recs["rank"], recs["cta"])], dtype=np.int64)
   present = sorted(set(recs["role"].tolist()))
+  # One collection of rectangles per role, not a patch per span: a training step's
+  # two launches on 132 CTAs record ~10^5-10^6 spans; ax.barh took 139 s for 10^5 here,
+  # a collection 11 s for 6 x 10^5.
   for role in present:
     sel = np.nonzero(recs["role"] == role)[0]
     color = role_colors[role] if role < len(role_colors) else "#7f7f7f"
-    ax.barh(y[sel], dur_us[sel], left=start_us[sel], height=0.8, color=color, linewidth=0)
+    x0, x1, yc = start_us[sel], start_us[sel] + dur_us[sel], y[sel].astype(np.float64)
+    verts = np.stack([np.stack([x0, yc - 0.4], 1), np.stack([x1, yc - 0.4], 1),
+                      np.stack([x1, yc + 0.4], 1), np.stack([x0, yc + 0.4], 1)], 1)  # [n, 4, 2]
+    ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+  if recs.size:
+    ax.set_xlim(0.0, float((start_us + dur_us).max()) * 1.01 or 1.0)
   ax.set_ylim(len(rows) - 0.5, -0.5)  # rank 0 CTA 0 on top
   step = max(1, len(rows) // 40)  # keep tick labels legible on big grids
   ax.set_yticks(range(0, len(rows), step))
