@@ -190,7 +190,7 @@ struct MoePortableBwdOps : MoeLocalOps {
 template <typename T>
 __global__ void __launch_bounds__(portable::kThreads, 1) moe_bwd_portable_kernel(const MoeBwdPortableParams<T> p) {
   __shared__ MoePortableShared sm;
-  const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
+  const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x, "moe_backward"};
   MoePortableBwdOps<T> ops{{ctl, &sm.bc, sm.scratch}, p, sm};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }

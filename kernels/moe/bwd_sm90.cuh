@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
   __shared__ int bc;
   __shared__ MoePass pass;
   auto& s = sm90::shared_storage<Dg>(smem_raw);
-  const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
+  const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x, "moe_backward"};
   // The front's scratch is the engines' A ring: no engine runs during the front.
   MoeBwdSm90Ops<Dg, Wg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, smem_raw, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);

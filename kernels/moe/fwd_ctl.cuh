@@ -79,6 +79,7 @@ struct MoeCtl {
   const MoeFwdParams* p;
   uint64_t e;
   int cta;
+  const char* kernel = "moe_forward";  // what a wait's timeout report names: the backward's says so
 
   KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const {
     MoeCtrl* c = p->ctrl;
@@ -116,7 +117,7 @@ struct MoeCtl {
   // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
     const TraceSpan span;
-    wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {"moe_forward", p->s.rank, cta, moe_flag_name(f), i});
+    wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {kernel, p->s.rank, cta, moe_flag_name(f), i});
     span.close(p->trace, cta, kTraceWait, moe_wait_tile(f, i));
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }

@@ -106,7 +106,7 @@ struct MoeLocalOps {
     for (int i = threadIdx.x; i < n; i += blockDim.x)
       if (pred(i))
         wait_ge<Scope::kGpu>(ctl.flag(f, i), ctl.e, p().timeout_ns,
-                             {"moe_forward", s().rank, ctl.cta, moe_flag_name(f), i});
+                             {ctl.kernel, s().rank, ctl.cta, moe_flag_name(f), i});
     __syncthreads();
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceWait, moe_wait_tile(f, 0xfffff));
   }
