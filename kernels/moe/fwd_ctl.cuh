@@ -116,6 +116,10 @@ struct MoeCtl {
   KOSMOS_DEVICE void release(MoeFlag f, int, int i) { store_release<Scope::kGpu>(flag(f, i), e); }
   // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
+    // A traced build records only waits that spin: the backward's weight-gradient
+    // tiles test every row block of their expert, ~10^6 ready flags in a DeepSeek-V3
+    // launch, which overflowed the per-CTA record buffers.
+    if (kTraceCompiled && test(f, i)) return;
     const TraceSpan span;
     wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {kernel, p->s.rank, cta, moe_flag_name(f), i});
     span.close(p->trace, cta, kTraceWait, moe_wait_tile(f, i));

@@ -41,6 +41,14 @@ struct TraceBuf {
   uint8_t rank;
 };
 
+// Whether spans are recorded at all (-DKOSMOS_TRACE): code that exists only to
+// keep a trace small tests it, so release builds compile none of it.
+#ifdef KOSMOS_TRACE
+constexpr bool kTraceCompiled = true;
+#else
+constexpr bool kTraceCompiled = false;
+#endif
+
 // Clock for spans; 0 when tracing is compiled out so the timer is never read.
 KOSMOS_HD inline uint64_t trace_now() {
 #ifdef KOSMOS_TRACE
