@@ -35,17 +35,16 @@ struct MoeBwdSm90Params {
 // GEMM1 / GEMM2 tile does (its rows arrived; its row block's dgrad2 done) and
 // completes the same flags.
 template <class Dg, class Wg, int kKind>
-struct MoeBwdDgradHooks {
+struct MoeBwdDgradHooks : MoeRowTileCtl<MoeBwdBuilds<MoeCtl>, kKind> {
   static constexpr bool kTileDone = true, kRowsB = true, kMapsRows = kKind == 1, kStoreBoxes = kKind == 1;
   static constexpr bool kSplitA = kKind == 1, kBSource = true;  // the shared expert's dY, and weights
   using TmaA = typename sm90::Params<Dg>::TmaA;
   using TmaB = typename sm90::Params<Dg>::TmaB;
   using TmaC = typename sm90::Params<Dg>::TmaC;
+  using MoeRowTileCtl<MoeBwdBuilds<MoeCtl>, kKind>::b;
+  using MoeRowTileCtl<MoeBwdBuilds<MoeCtl>, kKind>::expert;
+  using MoeRowTileCtl<MoeBwdBuilds<MoeCtl>, kKind>::shared;
   const MoeBwdSm90Params<Dg, Wg>* p;
-  MoeBwdBuilds<MoeCtl>* b;
-
-  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const { return moe_shared_rb(b->s, t.m); }
-  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_tile_expert(b->s, b->L, t.m); }
   // dgrad2 of the shared expert: dY's token rows (past t: zeros, computed and never read).
   KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* rows, int* tile_m) const {
     if (!shared(t)) return nullptr;
@@ -56,12 +55,6 @@ struct MoeBwdDgradHooks {
   KOSMOS_DEVICE const TmaB* b_source(gemm::TileCoord t) const {
     return !shared(t) ? nullptr : kKind == 1 ? &p->sw2 : &p->sw1;
   }
-  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
-    b->start(MoeTile{kKind, t.m, expert(t), t.n});
-    gemm::async_proxy_fence();
-  }
-  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
-  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kKind, t.m, 0, t.n}); }
   KOSMOS_DEVICE int b_row0(gemm::TileCoord t) const {
     return shared(t) ? 0 : expert(t) * (kKind == 1 ? p->m.I : p->m.H);
   }

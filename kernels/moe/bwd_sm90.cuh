@@ -54,7 +54,7 @@ struct MoeBwdSm90Ops : MoeLocalOps {
     MoePassSched<MoeBwdBuilds<MoeCtl>> sched{&b, pass, kKind, most};
     if constexpr (kKind <= 2) {
       using Hooks = MoeBwdDgradHooks<Dg, Wg, kKind>;
-      Hooks h{&pp, &b};
+      Hooks h{{&b}, &pp};
       auto& s = sm90::shared_storage<Dg>(smem);
       if constexpr (kKind == 1) {
         sm90::TileEngine<Dg, gemm::bf16, Hooks, SwigluBwdStaging>::run(pp.d2, s, sched, h);

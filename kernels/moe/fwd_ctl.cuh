@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "gemm/tile_hooks.h"
 #include "kosmos/queue.h"
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
@@ -125,6 +126,25 @@ struct MoeCtl {
     span.close(p->trace, cta, kTraceWait, moe_wait_tile(f, i));
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
+};
+
+// The control words of a row block's tile on the Hopper engine, the part its
+// hooks share in both directions (the forward's GEMM1 / GEMM2, the backward's
+// dgrad2 / dgrad1: Builds is MoeBuilds or MoeBwdBuilds): the producer waits
+// for the rows the tile reads, then fences so that TMA sees them; the
+// publisher counts the tile once its stores are complete.
+template <class Builds, int kKind>
+struct MoeRowTileCtl {
+  Builds* b;
+
+  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_tile_expert(b->s, b->L, t.m); }
+  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const { return moe_shared_rb(b->s, t.m); }
+  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
+    b->start(MoeTile{kKind, t.m, expert(t), t.n});
+    gemm::async_proxy_fence();
+  }
+  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
+  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kKind, t.m, 0, t.n}); }
 };
 
 }  // namespace kosmos::moe

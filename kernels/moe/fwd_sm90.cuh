@@ -39,26 +39,16 @@ struct MoeFwdSm90Params {
 };
 
 template <class Cfg, int kGemm>
-struct MoeGemmHooks {
+struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   static constexpr bool kTileDone = true, kGroupedB = true;
   static constexpr bool kMapsRows = kGemm == 1, kStoreBoxes = kGemm == 1, kSplitB = kGemm == 1;
   static constexpr bool kSplitA = kGemm == 1, kBSource = kGemm == 2;  // the shared expert's x, and down
   static constexpr bool kKeepsPreact = kGemm == 1;                      // and its pre-activations
   using P = sm90::Params<Cfg>;
+  using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::b;
+  using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::expert;
+  using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::shared;
   const MoeFwdSm90Params<Cfg>* p;
-  MoeBuilds<MoeCtl>* b;
-
-  KOSMOS_DEVICE int expert(gemm::TileCoord t) const { return moe_tile_expert(b->s, b->L, t.m); }
-  KOSMOS_DEVICE bool shared(gemm::TileCoord t) const { return moe_shared_rb(b->s, t.m); }
-  // Producer thread: the rows the tile reads have landed (gathered rows, or its
-  // row block's GEMM1 tiles stored by TMA and published); then TMA may read them.
-  KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
-    b->start(MoeTile{kGemm, t.m, expert(t), t.n});
-    gemm::async_proxy_fence();
-  }
-  KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
-  // Publisher thread, once the tile's stores are complete.
-  KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kGemm, t.m, 0, t.n}); }
   KOSMOS_DEVICE int b_kblock0(gemm::TileCoord t) const {
     return shared(t) ? 0 : expert(t) * ((kGemm == 1 ? p->m.H : p->m.I) / Cfg::kBK);
   }
@@ -111,7 +101,7 @@ struct MoeSm90Ops : MoeLocalOps {
   template <int kGemm>
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
     using Hooks = MoeGemmHooks<Cfg, kGemm>;
-    Hooks h{&pp, &b};
+    Hooks h{{&b}, &pp};
     MoePassSched<MoeBuilds<MoeCtl>> sched{&b, pass, kGemm, most};
     if constexpr (kGemm == 1) {
       sm90::TileEngine<Cfg, gemm::bf16, Hooks, SwigluStaging>::run(pp.g1, sm, sched, h);
