@@ -65,8 +65,8 @@ class MoE(nnx.Module):
   cu_cap: at most this many SMs for the fused megakernels; launch: their other knobs
   (kernel_config.MoeLaunch: movers, role switching; `config` is the model's
   MoEConfig). The reference path checks both and ignores them. impl='fused' runs
-  both directions fused (EP = 1 so far: an ep_axis of size 1; the backward on
-  Hopper GPUs, bf16, hidden % 128).
+  both directions fused (EP = 1 so far: an ep_axis of size 1; bf16; the backward
+  with hidden % 128).
   """
 
   def __init__(self, config: MoEConfig, *, mesh: jax.sharding.Mesh, ep_axis: str = "ep",
