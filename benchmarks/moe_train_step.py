@@ -17,6 +17,7 @@ layer's routed and shared FLOPs as benchmarks/moe.py counts them) plus attention
 
   python3 benchmarks/moe_train_step.py [--preset deepseek-v3] [--layers 2] [--tokens 8192] [--seq 4096]
       [--max-experts N] [--weight-budget 0.12] [--calls 5] [--rounds 5] [--out-dir benchmarks/results]
+      [--oracle]
   python3 benchmarks/moe_train_step.py --toy   # CPU: tiny shapes, reference arm: the plumbing only
 Writes <out-dir>/moe_train_step_<preset><tag>.csv and prints a markdown table.
 """
@@ -67,6 +68,9 @@ def parse_args(argv=None):
   ap.add_argument("--toy", action="store_true", help="CPU: tiny shapes, reference arm")
   ap.add_argument("--out-dir", default=str(pathlib.Path(__file__).parent / "results"))
   ap.add_argument("--tag", default="")
+  ap.add_argument("--oracle", action="store_true",
+                  help="also each arm's gradients against the same step in fp32 at the highest matmul "
+                       "precision (impl reference; untimed, twice the weights' memory: cut experts to fit)")
   args = ap.parse_args(argv)
   args.arms = (args.arms or ("reference" if args.toy else "reference,fused")).split(",")
   if args.toy:
@@ -156,6 +160,20 @@ def grad_diffs(fused, reference) -> list[tuple[float, str]]:
   return sorted(out, reverse=True)
 
 
+def oracle_grads(mesh, cfg, layers, inputs):
+  """The step's gradients in fp32 at the highest matmul precision (impl reference) on the
+  same values: which arm's bf16 gradients are nearer the exact ones. Its routing may pick
+  differently from both arms on near-ties, as theirs may from each other's."""
+  f32 = jax.tree.map(lambda a: a.astype(jnp.float32), inputs)
+  with jax.default_matmul_precision("highest"):
+    grads = jax.device_get(make_step(mesh, cfg, layers, "reference")(*f32))
+  return grads
+
+
+def _worst(diffs, n=3) -> str:
+  return "; ".join(f"{path} {d:.2e}" for d, path in diffs[:n])
+
+
 def main(argv=None):
   args = parse_args(argv)
   devs = [d for d in jax.devices() if d.platform == "gpu"][:1] or jax.devices()[:1]
@@ -167,13 +185,22 @@ def main(argv=None):
   rel, worst = float("nan"), ""
   if len(grads) == 2:
     diffs = grad_diffs(grads["fused"], grads["reference"])
-    rel, worst = diffs[0][0], "; ".join(f"{path} {d:.2e}" for d, path in diffs[:3])
+    rel, worst = diffs[0][0], _worst(diffs)
     print(f"largest relative gradient differences (fused against reference): {worst}")
+  vs_oracle = {}
+  if args.oracle:
+    exact = oracle_grads(mesh, cfg, args.layers, sets[0])
+    for impl, g in grads.items():
+      diffs = grad_diffs(g, exact)
+      vs_oracle[impl] = diffs[0][0]
+      print(f"largest relative gradient differences ({impl} against the fp32 oracle): {_worst(diffs)}")
+    del exact
   t = harness.time_interleaved(fns, sets, calls=args.calls, rounds=args.rounds)
   tf = flops(cfg, args.layers, args.tokens, args.seq) / 1e12
   row = dict(preset=args.preset, experts=cfg.num_experts, experts_preset=moe.PRESETS[args.preset].num_experts,
              layers=args.layers, tokens=args.tokens, seq=args.seq, device=devs[0].device_kind,
              max_rel_grad_diff=rel, worst_grads=worst)
+  row.update({f"{impl}_vs_oracle": d for impl, d in vs_oracle.items()})
   for impl in args.arms:
     row[f"{impl}_ms"] = t[impl].median_ms
     row[f"{impl}_tflops"] = tf / (t[impl].median_ms * 1e-3)

@@ -67,14 +67,17 @@ def test_outputs_and_table(dry_run):
 
 def test_moe_train_step_toy_runs(tmp_path):
   """benchmarks/moe_train_step.py --toy on CPU (the MoE proxy model's training step,
-  reference arm): it builds the blocks, takes the gradients and writes its row."""
+  reference arm): it builds the blocks, takes the gradients and writes its row; --oracle
+  compares them with the fp32 step's (bf16 is near it, not equal)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "benchmarks/moe_train_step.py", "--toy", "--preset", "llama4-scout",
-                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         "--oracle", "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   with (tmp_path / "moe_train_step_llama4-scout.csv").open() as f:
     (row,) = list(csv.DictReader(f))
   assert row["layers"] == "2" and float(row["reference_ms"]) > 0 and "fused_ms" not in row
+  assert 0 < float(row["reference_vs_oracle"]) < 0.5, row["reference_vs_oracle"]
+  assert "(reference against the fp32 oracle)" in proc.stdout
 
 
 def test_timeline_splits_launches():
