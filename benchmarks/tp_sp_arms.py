@@ -11,6 +11,15 @@ Only one of N, K is actually split by tensor parallelism:
 rank's GEMM grows by 8/t while the gathered / scattered bytes per rank stay M x K
 (resp. M x N): TP 2 is the paper's problem with 4x the GEMM per byte moved.
 
+The backward kernels (paper Tables C.7-C.12; benchmarks/loopback.py reads the same
+shapes the same way), per rank, with the gathered / scattered rows the collective's:
+  ag_nn       row-parallel dgrad:   dy [M/t, K] gathered; dx [M, N] = AG(dy) @ w.T, w [N, K];
+              the gathered dy [M, K] returned too (the weight gradient's operand)
+  bulk_ag_nn  column-parallel dgrad: (AG(x) [M, N] from x [M/t, N], dy [M, K] @ w.T, w [N, K])
+  bulk_rs_nt  column-parallel wgrad: (RS(dx_partial) [K/t, N] from [K, N], x_gathered.T @ dy
+              [N, M] from x_gathered [K, N], dy [K, M]): K is the token rows here
+They run with the paper's shapes as given only (--shape-map paper).
+
 Two shape maps (--shape-map): `paper` (default; issue 6's convention and the one its
 XLA baseline was measured with) runs M total rows and N, K per rank exactly as the
 paper's tables give them, at any TP; `scaled` applies the 8/t model scaling above.
@@ -34,14 +43,18 @@ from kosmos_jax import AgConfig, RsConfig, ops
 
 PAPER_TP = 8
 AXIS = "tp"
-SPLIT_DIM = {"ag_tn": "N", "tn_rs": "K"}  # the per-rank dim that TP divides
-KNOB = {"ag_tn": "movers", "tn_rs": "reducers"}  # initial crew knob of the fused op's config
-CONFIG = {"ag_tn": AgConfig, "tn_rs": RsConfig}  # the op's public launch-config type
+BACKWARD = ("ag_nn", "bulk_ag_nn", "bulk_rs_nt")
+SPLIT_DIM = {"ag_tn": "N", "tn_rs": "K"}  # the per-rank dim that TP divides (--shape-map scaled)
+KNOB = {"ag_tn": "movers", "tn_rs": "reducers", **dict.fromkeys(BACKWARD, "movers")}  # initial crew knob
+CONFIG = {"ag_tn": AgConfig, "tn_rs": RsConfig, **dict.fromkeys(BACKWARD, AgConfig)}  # public launch config
+# The collective's rows: M (tokens) for all but bulk_rs_nt, whose tokens are K.
+ROWS_DIM = {"bulk_rs_nt": "K"}
 FIXED_CREW = 56  # the brief's fixed split: 56 of 132 CTAs start in the comm role
 SWEEP = (8, 16, 33, 56, 88)  # small sweep for the best fixed split (grid-clamped)
 # Smoke shapes: tiny, divisible by 2 and 4 ranks, so CPU virtual devices run them in ms.
 SMOKE = {"ag_tn": [dict(name="smoke-a", M=64, N=32, K=48), dict(name="smoke-b", M=128, N=16, K=32)],
-         "tn_rs": [dict(name="smoke-a", M=64, N=48, K=32), dict(name="smoke-b", M=128, N=32, K=16)]}
+         "tn_rs": [dict(name="smoke-a", M=64, N=48, K=32), dict(name="smoke-b", M=128, N=32, K=16)],
+         **dict.fromkeys(BACKWARD, [dict(name="smoke-a", M=64, N=32, K=48), dict(name="smoke-b", M=32, N=16, K=128)])}
 
 
 class Unavailable(Exception):
@@ -64,46 +77,61 @@ class Problem:
     return 2.0 * self.M * self.N * self.K  # one rank's GEMM; every rank does the same
 
   @property
-  def specs(self):
-    """(x spec, w spec, out spec) of the global arrays."""
-    if self.kernel == "ag_tn":  # x rows split (SP), w columns split (TP)
-      return P(AXIS, None), P(None, AXIS), P(None, AXIS)
-    return P(None, AXIS), P(AXIS, None), P(AXIS, None)  # x cols and w rows split; y rows scattered
+  def operands(self):
+    """[(global shape, spec)] of the op's operands (module docstring: per rank)."""
+    M, N, K, t = self.M, self.N, self.K, self.tp
+    row, col = P(AXIS, None), P(None, AXIS)
+    return {"ag_tn": [((M, K), row), ((K, t * N), col)],  # x rows split (SP), w columns (TP)
+            "tn_rs": [((M, t * K), col), ((t * K, N), row)],  # x columns and w rows split
+            "ag_nn": [((M, K), row), ((t * N, K), row)],  # dy rows split (SP), w [N, K] a rank
+            "bulk_ag_nn": [((M, N), row), ((M, t * K), col), ((N, t * K), col)],  # x, dy, w
+            "bulk_rs_nt": [((t * K, N), row), ((t * K, N), row), ((K, t * M), col)],  # dxp, xg, dy
+            }[self.kernel]
 
   @property
-  def global_shapes(self):
-    if self.kernel == "ag_tn":
-      return (self.M, self.K), (self.K, self.tp * self.N)
-    return (self.M, self.tp * self.K), (self.tp * self.K, self.N)
+  def out_spec(self):
+    """Outputs the same on every rank (a gathered operand) are concatenated like the rest."""
+    row, col = P(AXIS, None), P(None, AXIS)
+    return {"ag_tn": col, "tn_rs": row, "ag_nn": (col, row), "bulk_ag_nn": (row, row),
+            "bulk_rs_nt": (row, col)}[self.kernel]
 
   def bytes_per_set(self, kind="std") -> int:  # one rank's inputs
-    rows = self.M // self.tp if self.kernel == "ag_tn" and kind == "std" else self.M
-    return jnp.dtype(self.dtype).itemsize * (rows * self.K + self.K * self.N)
+    shapes = [s for s, _ in self.operands]
+    per_rank = [(s[0] // self.tp if sp == P(AXIS, None) else s[0]) * (s[1] // self.tp if sp == P(None, AXIS) else s[1])
+                for s, (_, sp) in zip(shapes, self.operands)]
+    if kind == "full_rows":  # the first operand's rows are whole on every rank
+      per_rank[0] = shapes[0][0] * shapes[0][1]
+    return jnp.dtype(self.dtype).itemsize * sum(per_rank)
 
 
 def problem(kernel, shape, tp, mesh, dtype, *, smoke=False, scaled=False) -> Problem:
   """The paper's TP-8 shape at TP = tp, as given or `scaled` (module docstring); smoke
   shapes are taken as given."""
   M, N, K = shape["M"], shape["N"], shape["K"]
+  if scaled and not smoke and kernel in BACKWARD:
+    raise ValueError(f"{kernel}: --shape-map scaled is defined for ag_tn and tn_rs only; the backward kernels "
+                     "run the paper's shapes as given (--shape-map paper)")
   if scaled and not smoke:
     dim = SPLIT_DIM[kernel]
     full = (N if dim == "N" else K) * PAPER_TP
     if full % tp:
       raise ValueError(f"{kernel} {shape['name']}: {dim}*{PAPER_TP}={full} does not divide by tp={tp}")
     N, K = (full // tp, K) if dim == "N" else (N, full // tp)
-  if M % tp:
-    raise ValueError(f"{kernel} {shape['name']}: M={M} does not divide by tp={tp}")
+  dim = ROWS_DIM.get(kernel, "M")
+  if dict(M=M, K=K)[dim] % tp:
+    raise ValueError(f"{kernel} {shape['name']}: {dim}={dict(M=M, K=K)[dim]} (the collective's rows) does not "
+                     f"divide by tp={tp}")
   return Problem(kernel, shape["name"], tp, M, N, K, dtype, mesh)
 
 
 def make_inputs(pb: Problem, i: int, kind: str = "std") -> tuple:
-  """Fresh (x, w) set i, generated already sharded (no full copy on one device)."""
-  xs, ws, _ = pb.specs
-  shapes = pb.global_shapes
-  if kind == "full_rows" and pb.kernel == "ag_tn":  # every rank gets M rows of its own
-    shapes, xs = ((pb.tp * pb.M, pb.K), shapes[1]), P(AXIS, None)
+  """Fresh operand set i, generated already sharded (no full copy on one device)."""
+  ops_ = list(pb.operands)
+  if kind == "full_rows":  # every rank gets all M rows of the first operand, its own
+    (m, k), _ = ops_[0]
+    ops_[0] = ((pb.tp * m, k), P(AXIS, None))
   return tuple(_normal(shape, jnp.dtype(pb.dtype), NamedSharding(pb.mesh, spec))(jax.random.key(7919 * i + j))
-               for j, (shape, spec) in enumerate(zip(shapes, (xs, ws))))
+               for j, (shape, spec) in enumerate(ops_))
 
 
 @functools.lru_cache(maxsize=64)
@@ -112,11 +140,12 @@ def _normal(shape, dtype, sharding):
   return jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype), out_shardings=sharding)
 
 
-def _smap(pb, body, *, in_x=None, out_spec=None, check_vma=True):
-  xs, ws, ys = pb.specs
-  if pb.kernel == "tn_rs" and in_x is not None:
-    in_x = None  # tn_rs's x is already the per-rank GEMM operand
-  return jax.jit(jax.shard_map(body, mesh=pb.mesh, in_specs=(in_x or xs, ws), out_specs=out_spec or ys,
+def _smap(pb, body, *, full_rows=False, out_spec=None, check_vma=True):
+  """`body` over the op's operands; full_rows: the first is make_inputs' "full_rows"."""
+  specs = [sp for _, sp in pb.operands]
+  if full_rows:
+    specs[0] = P(AXIS, None)
+  return jax.jit(jax.shard_map(body, mesh=pb.mesh, in_specs=tuple(specs), out_specs=out_spec or pb.out_spec,
                                check_vma=check_vma))
 
 
@@ -134,46 +163,70 @@ def _need_fused(op):
     raise Unavailable(f"fused {op} unavailable: {why}")
 
 
-def _kosmos_gemm(a, b):
-  return ops.matmul(a, b, layout="TN", impl="fused")
+def _kosmos_gemm(a, b, layout="TN"):
+  return ops.matmul(a, b, layout=layout, impl="fused")
 
 
-# ---- arm builders: Problem -> {variant: (jitted fn(x, w), input kind)} ------------
-# Input kind "std" is the op's own sharded (x, w); "full_rows" gives every rank all M
-# rows of x (global [tp*M, K], rows split), so a GEMM-alone arm needs no gather or copy.
+def _xla_gemm(a, b, layout="TN"):
+  return {"TN": lambda: a @ b, "NN": lambda: a @ b.T, "NT": lambda: a.T @ b}[layout]()
+
+
+# Each op as XLA's collective(s) around a GEMM `gemm(a, b, layout)`: the xla arm with
+# XLA's dot, kosmos_unfused with ours. Layouts as ops.matmul's (NN: a @ b.T; NT: a.T @ b).
+def _unfused(kernel, gemm):
+  return {"ag_tn": lambda x, w: gemm(_gather(x), w),
+          "tn_rs": lambda x, w: _scatter(gemm(x, w)),  # bf16 partials summed by NCCL
+          "ag_nn": lambda dy, w: (lambda g: (gemm(g, w, "NN"), g))(_gather(dy)),
+          "bulk_ag_nn": lambda x, dy, w: (_gather(x), gemm(dy, w, "NN")),
+          "bulk_rs_nt": lambda dxp, xg, dy: (_scatter(dxp), gemm(xg, dy, "NT")),
+          }[kernel]
+
+
+# ---- arm builders: Problem -> {variant: (jitted fn(*operands), input kind)} ------------
+# Input kind "std" is the op's own sharded operands; "full_rows" gives every rank all M
+# rows of the first (global [tp*M, K], rows split), so a GEMM-alone arm needs no gather.
 
 def arm_xla(pb):
   """XLA's own collective and dot (NCCL + cuBLAS on GPU): the baseline."""
-  if pb.kernel == "ag_tn":
-    return {"": (_smap(pb, lambda x, w: _gather(x) @ w), "std")}
-  return {"": (_smap(pb, lambda x, w: _scatter(x @ w)), "std")}  # bf16 partials summed by NCCL
+  return {"": (_smap(pb, _unfused(pb.kernel, _xla_gemm)), "std")}
 
 
 def arm_comm_alone(pb):
   """XLA's collective alone: the bytes-over-link half of the floor."""
-  if pb.kernel == "ag_tn":  # each rank's gathered [M, K], concatenated over ranks
-    return {"": (_smap(pb, lambda x, w: _gather(x), out_spec=P(AXIS, None), check_vma=False), "std")}
+  row = P(AXIS, None)
+  if pb.kernel in ("ag_tn", "ag_nn"):  # each rank's gathered [M, K], concatenated over ranks
+    return {"": (_smap(pb, lambda x, w: _gather(x), out_spec=row, check_vma=False), "std")}
+  if pb.kernel == "bulk_ag_nn":
+    return {"": (_smap(pb, lambda x, dy, w: _gather(x), out_spec=row, check_vma=False), "std")}
+  if pb.kernel == "bulk_rs_nt":
+    return {"": (_smap(pb, lambda dxp, xg, dy: _scatter(dxp), out_spec=row), "std")}
 
   def rs_only(x, w):  # an [M, N] partial like the GEMM's (costs one elementwise write of it)
     return _scatter(jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[1])) + w[:1, :])
   return {"": (_smap(pb, rs_only), "std")}
 
 
+GEMM_OF = {  # the op's GEMM alone on operands already in place: (operand indices, layout)
+    "ag_tn": ((0, 1), "TN"), "tn_rs": ((0, 1), "TN"), "ag_nn": ((0, 1), "NN"), "bulk_ag_nn": ((1, 2), "NN"),
+    "bulk_rs_nt": ((1, 2), "NT")}
+
+
 def arm_gemm_alone(pb, which):
   """One rank's whole GEMM with no communication (the compute floor)."""
   if which == "kosmos":
     _need_fused("matmul")
-  dot = _kosmos_gemm if which == "kosmos" else (lambda a, b: a @ b)
-  kind = "full_rows" if pb.kernel == "ag_tn" else "std"
-  return {"": (_smap(pb, dot, in_x=P(AXIS, None), out_spec=P(AXIS, None)), kind)}
+  dot = _kosmos_gemm if which == "kosmos" else _xla_gemm
+  (i, j), layout = GEMM_OF[pb.kernel]
+  full = pb.kernel in ("ag_tn", "ag_nn")  # their A rows are the gathered ones: all of them on every rank
+  out = P(AXIS, None) if layout != "NT" else P(None, AXIS)
+  return {"": (_smap(pb, lambda *a: dot(a[i], a[j], layout), full_rows=full, out_spec=out),
+               "full_rows" if full else "std")}
 
 
 def arm_kosmos_unfused(pb):
   """XLA's collective, then our Hopper GEMM."""
   _need_fused("matmul")
-  if pb.kernel == "ag_tn":
-    return {"": (_smap(pb, lambda x, w: _kosmos_gemm(_gather(x), w)), "std")}
-  return {"": (_smap(pb, lambda x, w: _scatter(_kosmos_gemm(x, w))), "std")}
+  return {"": (_smap(pb, _unfused(pb.kernel, _kosmos_gemm)), "std")}
 
 
 def fused_config(kernel, knobs):
@@ -186,8 +239,9 @@ def fused_config(kernel, knobs):
   return cls(**knobs)
 
 
-def _fused_call(kernel, config, x, w):
-  return getattr(ops, kernel)(x, w, axis_name=AXIS, impl="fused", config=config)
+def _fused_call(kernel, config, *operands):
+  kw = dict(return_gathered=True) if kernel == "ag_nn" else {}  # as the row-parallel rule calls it
+  return getattr(ops, kernel)(*operands, axis_name=AXIS, impl="fused", config=config, **kw)
 
 
 def arm_kosmos_fused(pb, knobs=None):

@@ -190,3 +190,52 @@ def test_ceiling_line_bounds_the_bars():
   # a: 3 / 2 = 1.5; b: 2 / 1 = 2 (link-bound: 2x its GEMM, never within 1.15x)
   assert "geomean 1.732 x XLA (bar 1.55)" in line and "1 / 2 shapes" in line, line
   assert tp_sp._ceiling_line([r for r in rows if r["arm"] != "comm_alone"], "tn_rs") == []
+
+
+def test_backward_kernels_smoke(tmp_path):
+  """--kernels ag_nn,bulk_ag_nn,bulk_rs_nt (issue 29's backward-vs-XLA run) on 4 CPU
+  devices: one row per shape and arm, XLA's arms timed, the fused arms unavailable with
+  the op's reason (or not applicable: one transport each)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env.pop("OUT", None)
+  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--kernels", "ag_nn,bulk_ag_nn,bulk_rs_nt",
+                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with (tmp_path / "tp_sp.csv").open() as f:
+    rows = list(csv.DictReader(f))
+  assert {r["kernel"] for r in rows} == {"ag_nn", "bulk_ag_nn", "bulk_rs_nt"}
+  for k in ("ag_nn", "bulk_ag_nn", "bulk_rs_nt"):
+    for s in {r["shape"] for r in rows if r["kernel"] == k}:
+      assert sorted(r["arm"] for r in rows if r["kernel"] == k and r["shape"] == s) == sorted(ARMS)
+  for r in rows:
+    if r["arm"] in ("xla", "comm_alone", "gemm_alone_xla"):
+      assert r["status"] == "ok" and float(r["median_ms"]) > 0, r
+    elif r["arm"] in ("kosmos_push", "kosmos_fold", "pallas_mgpu"):
+      assert r["status"] == "unavailable" and "not applicable" in r["reason"], r
+    elif not ops.fused_status(NEEDS_OP[r["arm"]] or r["kernel"])[0]:
+      assert r["status"] == "unavailable" and r["reason"], r
+
+
+@pytest.mark.parametrize("kernel", ["ag_nn", "bulk_ag_nn", "bulk_rs_nt"])
+def test_backward_xla_arm_computes_the_op(kernel):
+  """The xla arm of a backward kernel computes what the op computes (its reference twin,
+  under the same shard_map), on a smoke shape at tp 2: the baseline times the same math."""
+  import jax
+  import numpy as np
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import tp_sp_arms as A
+  devs = jax.devices()[:2]
+  if len(devs) < 2:
+    pytest.skip("needs 2 CPU devices (tests/conftest.py sets them)")
+  mesh = jax.sharding.Mesh(np.array(devs), (A.AXIS,))
+  import jax.numpy as jnp
+  pb = A.problem(kernel, A.SMOKE[kernel][0], 2, mesh, jnp.float32, smoke=True)
+  inputs = A.make_inputs(pb, 0)
+  (xla_fn, _), = A.arm_xla(pb).values()
+  kw = dict(return_gathered=True) if kernel == "ag_nn" else {}
+  ref = A._smap(pb, lambda *a: getattr(ops, kernel)(*a, axis_name=A.AXIS, impl="reference", **kw))
+  got, want = xla_fn(*inputs), ref(*inputs)
+  assert len(got) == len(want) == 2
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
