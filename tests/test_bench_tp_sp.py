@@ -102,29 +102,27 @@ def test_fused_knobs_are_parsed_and_checked():
       tp_sp.parse_args(["--fused-knobs", bad])
 
 
-def test_block_protocol_smoke(tmp_path):
-  """--protocol blocks (one timing block per arm, the protocol before 2026-12-01) still runs."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+def _smoke_rows(tmp_path, devices: int, *args) -> list[dict]:
+  """benchmarks/tp_sp.py --smoke on `devices` CPU devices with `args`: its CSV rows."""
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
   env.pop("OUT", None)
-  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--protocol", "blocks", "--kernels", "ag_tn",
-                         "--arms", "xla,gemm_alone", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", *args, "--out-dir", str(tmp_path)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   with (tmp_path / "tp_sp.csv").open() as f:
-    rows = list(csv.DictReader(f))
+    return list(csv.DictReader(f))
+
+
+def test_block_protocol_smoke(tmp_path):
+  """--protocol blocks (one timing block per arm, the protocol before 2026-12-01) still runs."""
+  rows = _smoke_rows(tmp_path, 2, "--protocol", "blocks", "--kernels", "ag_tn", "--arms", "xla,gemm_alone")
   assert {r["arm"] for r in rows if r["status"] == "ok"} >= {"xla", "gemm_alone_xla"}, rows
 
 
 def test_smoke_at_tp8(tmp_path):
   """The benchmark at TP = 8 (issue 7's run) on 8 CPU virtual devices: every row has tp 8 and
   the XLA arms ran."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  env.pop("OUT", None)
-  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--arms", "xla,comm_alone,gemm_alone",
-                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  with (tmp_path / "tp_sp.csv").open() as f:
-    rows = list(csv.DictReader(f))
+  rows = _smoke_rows(tmp_path, 8, "--arms", "xla,comm_alone,gemm_alone")
   assert rows and {r["tp"] for r in rows} == {"8"}
   assert {(r["kernel"], r["arm"]) for r in rows if r["status"] == "ok"} >= {
       (k, a) for k in ("ag_tn", "tn_rs") for a in ("xla", "comm_alone", "gemm_alone_xla")}, rows
@@ -196,13 +194,7 @@ def test_backward_kernels_smoke(tmp_path):
   """--kernels ag_nn,bulk_ag_nn,bulk_rs_nt (issue 29's backward-vs-XLA run) on 4 CPU
   devices: one row per shape and arm, XLA's arms timed, the fused arms unavailable with
   the op's reason (or not applicable: one transport each)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  env.pop("OUT", None)
-  proc = subprocess.run([sys.executable, "benchmarks/tp_sp.py", "--smoke", "--kernels", "ag_nn,bulk_ag_nn,bulk_rs_nt",
-                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  with (tmp_path / "tp_sp.csv").open() as f:
-    rows = list(csv.DictReader(f))
+  rows = _smoke_rows(tmp_path, 4, "--kernels", "ag_nn,bulk_ag_nn,bulk_rs_nt")
   assert {r["kernel"] for r in rows} == {"ag_nn", "bulk_ag_nn", "bulk_rs_nt"}
   for k in ("ag_nn", "bulk_ag_nn", "bulk_rs_nt"):
     for s in {r["shape"] for r in rows if r["kernel"] == k}:
