@@ -57,6 +57,46 @@ std::string check_operands(ffi::AnyBuffer dy, ffi::AnyBuffer indices, ffi::AnyBu
   return "";
 }
 
+// The shared expert's operands, when there is one: "" or what is wrong.
+std::string check_shared(ffi::AnyBuffer x, ffi::AnyBuffer hs, ffi::AnyBuffer sw1, ffi::AnyBuffer sw2, bool shared,
+                         int64_t t, int64_t H, int64_t I, int64_t k) {
+  using DT = ffi::DataType;
+  if (!shared) return "";
+  if (!shaped(x.dimensions(), {t, H}) || !shaped(hs.dimensions(), {t, 2 * I}) ||
+      !shaped(sw1.dimensions(), {H, 2 * I}) || !shaped(sw2.dimensions(), {I, H}) || x.element_type() != DT::BF16 ||
+      hs.element_type() != DT::BF16 || sw1.element_type() != DT::BF16 || sw2.element_type() != DT::BF16)
+    return "the shared expert's x " + dims(x.dimensions()) + ", hs " + dims(hs.dimensions()) + ", sw1 " +
+           dims(sw1.dimensions()) + ", sw2 " + dims(sw2.dimensions()) + " must be bf16 [t, h], [t, 2I], [h, 2I], "
+           "[I, h] with t=" + std::to_string(t) + ", h=" + std::to_string(H) + ", I=" + std::to_string(I);
+  if (k + 1 > 32)
+    return "top_k=" + std::to_string(k) + " must be at most 31 with a shared expert (the fold's warp holds a "
+           "token's k rows and the shared one)";
+  return "";
+}
+
+struct Results {
+  ffi::Result<ffi::AnyBuffer> &dx, &dx_rows, &pair_row, &dw1, &dw2, &dsw1, &dsw2, &ws;
+};
+
+// The forward's workspace (fws_total bytes at least), the results' shapes and the
+// backward's workspace (ws_total): "" or what is wrong.
+std::string check_buffers(ffi::AnyBuffer fws, const Results& r, bool shared, size_t fws_total, size_t ws_total,
+                          int64_t t, int64_t H, int64_t I, int64_t E, int64_t k, int64_t rows) {
+  if (fws.size_bytes() < fws_total)
+    return "the forward's workspace fws has " + std::to_string(fws.size_bytes()) + " bytes; the forward of this "
+           "shape (shared=" + std::to_string(shared) + ") leaves " + std::to_string(fws_total);
+  if (!shaped(r.dx->dimensions(), {t, H}) || !shaped(r.dx_rows->dimensions(), {rows, H}) ||
+      !shaped(r.pair_row->dimensions(), {t, k}) || !shaped(r.dw1->dimensions(), {E, H, 2 * I}) ||
+      !shaped(r.dw2->dimensions(), {E, I, H}) ||
+      (shared && (!shaped(r.dsw1->dimensions(), {H, 2 * I}) || !shaped(r.dsw2->dimensions(), {I, H}))))
+    return "results must be dx [t, h], dx_rows [" + std::to_string(rows) + ", h], pair_row [t, k], dw1 "
+           "[E, h, 2I], dw2 [E, I, h]" + std::string(shared ? ", dsw1 [h, 2I], dsw2 [I, h]" : "");
+  if (r.ws->size_bytes() < ws_total)
+    return "workspace of " + std::to_string(r.ws->size_bytes()) + " bytes; it must hold " + std::to_string(ws_total) +
+           " (kosmos_jax.ops._fused_moe_bwd.workspace_bytes)";
+  return "";
+}
+
 // The engine's kernel, loaded and checked on `ordinal` (the current device): "" or why not.
 std::string prepare_engine(bool sm90, int ordinal) {
   if (!sm90) return moe_bwd_portable_prepare(ordinal);
@@ -110,32 +150,10 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   const int R = moe::moe_ep1_rows(t, k, E), S = moe::moe_shared_rows(t, shared != 0);
   const moe::MoeWs F = moe::moe_ws_layout(t, k, E, H, I, shared != 0);
   const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I, shared != 0);
-  if (shared) {
-    using DT = ffi::DataType;
-    if (!shaped(x.dimensions(), {t, H}) || !shaped(hs.dimensions(), {t, 2 * I}) ||
-        !shaped(sw1.dimensions(), {H, 2 * I}) || !shaped(sw2.dimensions(), {I, H}) ||
-        x.element_type() != DT::BF16 || hs.element_type() != DT::BF16 || sw1.element_type() != DT::BF16 ||
-        sw2.element_type() != DT::BF16)
-      return Fail(op, "the shared expert's x " + dims(x.dimensions()) + ", hs " + dims(hs.dimensions()) + ", sw1 " +
-                          dims(sw1.dimensions()) + ", sw2 " + dims(sw2.dimensions()) + " must be bf16 [t, h], [t, 2I], "
-                          "[h, 2I], [I, h] with t=" + std::to_string(t) + ", h=" + std::to_string(H) + ", I=" +
-                          std::to_string(I));
-    if (k + 1 > 32)
-      return Fail(op, "top_k=" + std::to_string(k) + " must be at most 31 with a shared expert (the fold's warp "
-                      "holds a token's k rows and the shared one)");
-  }
-  if (fws.size_bytes() < F.total)
-    return Fail(op, "the forward's workspace fws has " + std::to_string(fws.size_bytes()) + " bytes; the forward of "
-                    "this shape (shared=" + std::to_string(shared) + ") leaves " + std::to_string(F.total));
-  if (!shaped(dx->dimensions(), {t, H}) || !shaped(dx_rows->dimensions(), {R + S, H}) ||
-      !shaped(pair_row->dimensions(), {t, k}) || !shaped(dw1->dimensions(), {E, H, 2 * I}) ||
-      !shaped(dw2->dimensions(), {E, I, H}) ||
-      (shared && (!shaped(dsw1->dimensions(), {H, 2 * I}) || !shaped(dsw2->dimensions(), {I, H}))))
-    return Fail(op, "results must be dx [t, h], dx_rows [" + std::to_string(R + S) + ", h], pair_row [t, k], dw1 "
-                    "[E, h, 2I], dw2 [E, I, h]" + (shared ? ", dsw1 [h, 2I], dsw2 [I, h]" : ""));
-  if (ws->size_bytes() < L.total)
-    return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
-                        std::to_string(L.total) + " (kosmos_jax.ops._fused_moe_bwd.workspace_bytes)");
+  if (std::string why = check_shared(x, hs, sw1, sw2, shared != 0, t, H, I, k); !why.empty()) return Fail(op, why);
+  const Results res{dx, dx_rows, pair_row, dw1, dw2, dsw1, dsw2, ws};
+  if (std::string why = check_buffers(fws, res, shared != 0, F.total, L.total, t, H, I, E, k, R + S); !why.empty())
+    return Fail(op, why);
   if (!switching && grid < 2)
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
   DeviceGuard guard(ordinal);
