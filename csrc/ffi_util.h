@@ -61,4 +61,14 @@ inline int moe_movers(int64_t movers, int grid, bool switching, int scale) {
   return mv;
 }
 
+// A fused MoE launch's builders on `ordinal` (the current device): the portable
+// kernel prepared, or the Hopper one prepared and checked ready. "" or why not.
+inline std::string prepare_builders(bool sm90, int ordinal, std::string (*portable)(int), std::string (*hopper)(int),
+                                    bool (*hopper_ready)(int)) {
+  if (!sm90) return portable(ordinal);
+  std::string why = hopper(ordinal);
+  if (why.empty() && !hopper_ready(ordinal)) why = "the Hopper kernel could not be prepared on this device";
+  return why;
+}
+
 }  // namespace kosmos::ffi_util

@@ -97,14 +97,6 @@ std::string check_buffers(ffi::AnyBuffer fws, const Results& r, bool shared, siz
   return "";
 }
 
-// The engine's kernel, loaded and checked on `ordinal` (the current device): "" or why not.
-std::string prepare_engine(bool sm90, int ordinal) {
-  if (!sm90) return moe_bwd_portable_prepare(ordinal);
-  std::string why = moe_bwd_sm90_prepare(ordinal);
-  if (why.empty() && !moe_bwd_sm90_ready(ordinal)) why = "the Hopper kernel could not be prepared on this device";
-  return why;
-}
-
 // The forward's workspace's sections and the backward's own buffers, for either engine.
 struct MoeBwdBuffers {
   const void *w1, *w2, *x_rows, *act, *h1, *x, *hs, *sw1, *sw2;
@@ -158,8 +150,9 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
   DeviceGuard guard(ordinal);
   if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
-  if (std::string err = prepare_engine(sm90, ordinal); !err.empty())
-    return ffi::Error::Internal(std::string(op) + ": " + err);
+  const std::string err =
+      prepare_builders(sm90, ordinal, moe_bwd_portable_prepare, moe_bwd_sm90_prepare, moe_bwd_sm90_ready);
+  if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = cudaMemsetAsync(base, 0, L.zeroed, stream);
   if (e == cudaSuccess && poison_output()) {

@@ -45,14 +45,6 @@ std::string engine_refuses(bool sm90, int64_t H, int64_t I, int64_t E, int64_t k
          ", k=" + std::to_string(k) + "; " + (sm90 ? "Hopper" : "portable") + " builders)";
 }
 
-// The engine's kernel, loaded and checked on `ordinal` (the current device): "" or why not.
-std::string prepare_engine(bool sm90, int ordinal) {
-  if (!sm90) return moe_fwd_portable_prepare(ordinal);
-  std::string why = moe_fwd_sm90_prepare(ordinal);
-  if (why.empty() && !moe_fwd_sm90_ready(ordinal)) why = "the Hopper kernel could not be prepared on this device";
-  return why;
-}
-
 // One call's sizes, the engine's column blocks and rows, the grid and the knobs.
 struct MoeCall {
   int64_t t, H, k, E, I;
@@ -156,7 +148,8 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(c.grid));
   DeviceGuard guard(ordinal);
   if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
-  const std::string err = prepare_engine(sm90, ordinal);
+  const std::string err =
+      prepare_builders(sm90, ordinal, moe_fwd_portable_prepare, moe_fwd_sm90_prepare, moe_fwd_sm90_ready);
   char* base = static_cast<char*>(ws->untyped_data());
   cudaError_t e = err.empty() ? cudaMemsetAsync(base, 0, L.zeroed, stream) : cudaSuccess;
   if (e == cudaSuccess && err.empty() && poison_output()) {
