@@ -3,7 +3,7 @@
 # checkout ("ref"), built side by side and measured in the same device call, so
 # both see one GPU state (issue 22's "same bits, same speed" check).
 #   git archive --prefix=.ref/ <commit> | tar x     # the reference tree, carried as .ref (or REF=dir)
-#   bash scripts/gpu_ab.sh [build|hashes|bench|all|tests]   (default all)
+#   bash scripts/gpu_ab.sh [build|hashes|bench|all|moe|tests]   (default all)
 # build   both trees into build/site_{new,ref} (ignored; a warm machine keeps them, so
 #         a later call rebuilds incrementally)
 # hashes  scripts/kernel_hashes.py with each tree, then the keys whose output bytes differ
@@ -11,6 +11,9 @@
 #         ARMS_RS, ARMS_AG), then benchmarks/gemm.py --layouts GEMM_LAYOUTS (default TN; empty:
 #         skip, e.g. when the matmul kernels' code is unchanged), trees alternating per
 #         step; prints each arm's new / ref time per shape and the geomean
+# moe     benchmarks/moe.py on MOE_PRESETS (default qwen3-30b-a3b,deepseek-v3; balanced routing)
+#         with MOE_ARMS (default fused,train_fused), both trees per preset; prints each arm's
+#         new / ref ms and, with fused and train_fused, the backward's (their difference)
 # tests   pytest over TESTS (default tests/gpu; extra args go to pytest) on the new tree's
 #         build, for a call that follows the A/B on a warm machine without a third build
 # Logs and CSVs go to $OUT/gpu_ab.tgz ($OUT default ./out). BUDGET_S bounds the benchmarks.
@@ -121,6 +124,37 @@ for arm in ("kosmos", "xla_cublas"):
 EOF
 }
 
+do_moe() {
+  local preset t
+  for preset in $(echo "${MOE_PRESETS:-qwen3-30b-a3b,deepseek-v3}" | tr , ' '); do
+    for t in ref new; do
+      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || break 2
+      in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --presets "$preset" --routing balanced \
+        --arms "${MOE_ARMS:-fused,train_fused}" --no-append --reps 3 --settle-s 0.3 --out-dir "$OUT/ab_$t" \
+        --tag "_$preset" > "$OUT/moe_${preset}_$t.log" 2>&1
+      echo "moe $preset ($t) rc=$? at ${SECONDS}s"
+    done
+  done
+  $PY - "$OUT/ab_ref" "$OUT/ab_new" <<'EOF'
+import csv, glob, os, sys
+def ms(d):
+  out = {}
+  for p in glob.glob(os.path.join(d, "moe_*.csv")):
+    for r in csv.DictReader(open(p)):
+      if r["status"] == "ok":
+        out[(r["preset"], r["arm"])] = float(r["median_ms"])
+  return out
+ref, new = (ms(d) for d in sys.argv[1:3])
+for preset in sorted({p for p, _ in new}):
+  arms = {a: (ref.get((preset, a)), new.get((preset, a))) for p, a in new if p == preset}
+  if "train_fused" in arms and "fused" in arms and None not in arms["train_fused"] + arms["fused"]:
+    arms["backward"] = tuple(t - f for t, f in zip(arms["train_fused"], arms["fused"]))
+  for a, (r, n) in sorted(arms.items()):
+    if r and n:
+      print(f"moe {preset} {a}: ref {r:.3f} ms, new {n:.3f} ms, new/ref {n / r:.4f}")
+EOF
+}
+
 # The device call returns few files: everything but the summary goes into one tarball.
 pack() { (cd "$OUT" && tar czf /tmp/gpu_ab.tgz --exclude=gpu_ab.tgz . && find . -mindepth 1 -delete && mv /tmp/gpu_ab.tgz .); }
 trap pack EXIT
@@ -137,6 +171,7 @@ case "$step" in
   hashes) do_build new ref; do_hashes ;;
   bench) do_build new ref; do_bench ;;
   all) do_build new ref; do_hashes; do_bench ;;
+  moe) do_build new ref; do_moe ;;
   tests) do_build new; do_tests "$@" ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
