@@ -99,7 +99,8 @@ def step_fn(cfg: moe.MoEConfig):
 
   def local(x, cot, *ps):
     def loss(x, *ws):
-      y, aux, stats = moe.moe_layer(x, dict(zip(NAMES, (*ws, ps[-1]))), cfg, axis_name="ep", return_stats=True)
+      y, aux, stats = moe.moe_layer(x, dict(zip(NAMES, (*ws, ps[-1]))), cfg, axis_name="ep", return_stats=True,
+                                    impl="reference")
       return jnp.sum(y.astype(jnp.float32) * cot) + aux, stats
     grads, stats = jax.grad(loss, argnums=tuple(range(len(ps))), has_aux=True)(x, *ps[:-1])
     return grads, stats

@@ -94,9 +94,13 @@ def path_ran(moe: bool) -> str:
     chosen = {op: ops.choose(op, None) for op in TP_OPS + (MOE_OPS if moe else ())}
   except NotImplementedError as e:  # KOSMOS_IMPL=fused where a kernel cannot run
     raise SystemExit(str(e)) from None
-  fused = [op for op, c in chosen.items() if c == "fused"]
+  # auto decides the MoE ops per call, by the layer's shape (ops.moe_forward's docstring).
+  by_shape = [op for op, c in chosen.items() if c == "fused" and op in MOE_OPS and ops.default_impl() == "auto"]
+  fused = [op for op, c in chosen.items() if c == "fused" and op not in by_shape]
   ref = [op for op, c in chosen.items() if c == "reference"]
   out = f"fused: {', '.join(fused) or 'none'}; reference twins: {', '.join(ref) or 'none'}"
+  if by_shape:
+    out += f"; fused where auto's shape rule holds: {', '.join(by_shape)}"
   if ref and ops.default_impl() != "reference":
     state = kosmos_jax.available()
     status = {op: ops.fused_status(op) for op in ref}

@@ -10,6 +10,7 @@ kosmos_jax.testing.fused_on_cpu; ops reached through their public names."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -481,3 +482,79 @@ def test_backward_limits_raise_before_lowering(no_gpu_needed):
     _fwd_bwd_lowered(SOFTMAX.replace(hidden=192))
   with pytest.raises(ValueError, match=r"\(residuals.ws is None\): the fused backward reads the fused forward.s rows"):
     _fwd_bwd_lowered(SOFTMAX.replace(hidden=128), fwd_impl="reference")
+
+
+class _Gpu:
+  platform = "gpu"
+
+  def __init__(self, cc):
+    self.compute_capability = cc
+
+
+def _auto_choice(monkeypatch, cfg, t, ep=1, dtype=BF16, precision=None):
+  """What impl='auto' runs for ops.moe_forward on x [t, hidden] per device (traced
+  abstractly; the call's choice recorded), and auto's reason when it keeps the twin."""
+  from kosmos_jax.ops import moe as ops_moe
+  seen = []
+
+  def spy(op, impl, call=None):
+    seen.append((ops.choose(op, impl, call), ops.auto_note(op, call)))
+    return seen[-1][0]
+
+  monkeypatch.setattr(ops_moe, "choose", spy)
+  p = make_params(cfg, jnp.float32, bool(cfg.shared_expert_intermediate))
+  names = _names(p)
+
+  def local(x, *ps):
+    q = dict(zip(names, ps))
+    y, aux, _ = ops.moe_forward(x, q["router_w"], q["gate_up"], q["down"], q.get("shared_gate_up"),
+                                q.get("shared_down"), q.get("expert_bias"), config=cfg, axis_name="ep",
+                                impl="auto", precision=precision)
+    return y, aux
+
+  f = jax.shard_map(local, mesh=ep_mesh(ep), in_specs=(P("ep"), *[SPECS[n] for n in names]),
+                    out_specs=(P("ep"), P()))
+  structs = [jax.ShapeDtypeStruct((t * ep, cfg.hidden), dtype)]
+  structs += [jax.ShapeDtypeStruct(p[n].shape, jnp.float32 if n == "expert_bias" else dtype) for n in names]
+  jax.eval_shape(f, *structs)
+  assert len(seen) == 1, seen
+  return seen[0]
+
+
+@pytest.mark.parametrize("case,t,want", [
+    ("hopper", 512, ""),                                   # 512 * 2 / 8 = 128 pairs per expert
+    ("few_pairs", 504, r"t=504 tokens x top_k=2 route 126 pairs to each of num_experts=8 on average"),
+    ("ampere", 512, r"measured faster only with its Hopper builders"),
+    ("portable", 512, r"measured faster only with its Hopper builders"),
+    ("ep2", 512, r"runs at EP = 1 only so far"),
+    ("fp32", 512, r"x.dtype=float32 is not supported"),
+    ("precision", 512, r"precision=.*HIGHEST.* asks for the twin"),
+])
+def test_auto_runs_the_fused_layer_where_it_was_measured_faster(no_gpu_needed, monkeypatch, case, t, want):
+  """auto's rule for the MoE layer (ops/_fused_moe.py auto_rule): fused at EP = 1, bf16, on
+  compute capability 9.0 with the Hopper builders, precision None, and at least one
+  128-row block of pairs per expert on average; the twin elsewhere, never an error."""
+  monkeypatch.setattr(jax, "local_devices", lambda *a, **k: [_Gpu("8.0" if case == "ampere" else "9.0")])
+  if case == "portable":
+    monkeypatch.setenv("KOSMOS_FUSED_BUILDERS", "portable")
+  else:
+    monkeypatch.delenv("KOSMOS_FUSED_BUILDERS", raising=False)
+  chose, why = _auto_choice(monkeypatch, SOFTMAX, t, ep=2 if case == "ep2" else 1,
+                            dtype=jnp.float32 if case == "fp32" else BF16,
+                            precision=jax.lax.Precision.HIGHEST if case == "precision" else None)
+  assert chose == ("fused" if not want else "reference"), (chose, why)
+  if want:
+    assert re.search(want, why), why
+  else:
+    assert why == ""
+
+
+def test_auto_backward_follows_the_forward(no_gpu_needed):
+  """The fused backward reads the fused forward's workspace: auto runs it only after one."""
+  class _Res:
+    ws = None
+    x = jnp.zeros((8, 64), BF16)
+
+  call = ((_Res(), None, None), dict(config=SOFTMAX, axis_name="ep", precision=None))
+  assert ops.choose("moe_backward", "auto", call) == "reference"
+  assert "the forward ran the reference twin" in ops.auto_note("moe_backward", call)

@@ -5,9 +5,11 @@ to override it for one call, so a fused op can be checked against its twin in on
 program. A fused kernel is known to this module only once it is registered here
 by the code that wraps its FFI target; until then `fused` raises.
 
-`auto` picks a fused kernel only if it was registered with `auto=True`: a kernel
-that is correct but not yet faster than XLA's own collective + dot (the reference
-path) must be asked for explicitly, so `auto` never makes a program slower.
+`auto` picks a fused kernel only if it was registered with `auto=True`, or with an
+`auto` rule that holds for the call (the MoE ops: the shapes and GPU they were measured
+faster on): a kernel that is correct but not yet faster than XLA's own collective +
+dot (the reference path) must be asked for explicitly, so `auto` never makes a
+program slower where it was measured.
 
 The fused FFI primitives have no differentiation rules of their own: `run_fused`
 gives a fused call the derivatives of its reference twin at the same point (forward
@@ -26,14 +28,20 @@ IMPLS = ("auto", "reference", "fused")
 
 # op name -> callable with the op's signature that issues the fused FFI call.
 _FUSED: dict[str, Callable] = {}
-# ops whose fused kernel is the default under `auto` (measured faster than XLA).
-_AUTO: set[str] = set()
+# ops whose fused kernel `auto` runs (measured faster than XLA): True, wherever it can
+# run; or a rule, rule(*args, **kwargs) -> '' (run it) or why the twin stays, called
+# with the op's arrays and its static keyword arguments (precision included).
+_AUTO: dict[str, bool | Callable[..., str]] = {}
 
 
-def register_fused(op: str, fn: Callable, *, auto: bool = False) -> None:
-  """Register `op`'s fused kernel; `auto=True` once benchmarks show it beats XLA."""
+def register_fused(op: str, fn: Callable, *, auto: bool | Callable[..., str] = False) -> None:
+  """Register `op`'s fused kernel; `auto=True` (or a rule, see _AUTO) once benchmarks
+  show it beats XLA (there)."""
   _FUSED[op] = fn
-  (_AUTO.add if auto else _AUTO.discard)(op)
+  if auto:
+    _AUTO[op] = auto
+  else:
+    _AUTO.pop(op, None)
 
 
 def check_impl(impl, *, source: str = "impl") -> None:
@@ -59,8 +67,23 @@ def fused_status(op: str):
   return True, ""
 
 
-def choose(op: str, impl: str | None) -> str:
-  """Resolve `impl` (None = KOSMOS_IMPL) to 'reference' or 'fused' for `op`."""
+def _auto_reason(op: str, call: tuple | None) -> str:
+  """Why `auto` keeps `op`'s twin though its kernel can run ('' where it runs fused);
+  `call` = (args, kwargs) of the op's call, which a rule needs (without: its rule is
+  taken to hold, the answer for "can auto run it here at all")."""
+  rule = _AUTO.get(op)
+  if not rule:
+    return (f"the fused {op!r} kernel runs here but is not yet faster than XLA, so auto keeps "
+            "the reference; impl='fused' or KOSMOS_IMPL=fused selects it")
+  if rule is True or call is None:
+    return ""
+  args, kwargs = call
+  return rule(*args, **kwargs)
+
+
+def choose(op: str, impl: str | None, call: tuple | None = None) -> str:
+  """Resolve `impl` (None = KOSMOS_IMPL) to 'reference' or 'fused' for `op`; `call`
+  = (args, kwargs) of the op's call, for `auto` rules (see _AUTO)."""
   impl = default_impl() if impl is None else impl
   check_impl(impl)
   if impl == "reference":
@@ -70,20 +93,16 @@ def choose(op: str, impl: str | None) -> str:
     raise NotImplementedError(
         f"kosmos op {op!r} was asked to run fused (impl='fused' or KOSMOS_IMPL=fused), "
         f"but it cannot: {why}. Use impl='reference' or KOSMOS_IMPL=auto.")
-  if impl == "auto" and op not in _AUTO:
+  if impl == "auto" and ok and _auto_reason(op, call):
     return "reference"
   return "fused" if ok else "reference"
 
 
-def auto_note(op: str) -> str:
-  """Why `auto` runs the reference twin for `op` here ('' when it runs fused)."""
+def auto_note(op: str, call: tuple | None = None) -> str:
+  """Why `auto` runs the reference twin for `op` here ('' when it runs fused);
+  `call` as for choose."""
   ok, why = fused_status(op)
-  if not ok:
-    return why
-  if op not in _AUTO:
-    return (f"the fused {op!r} kernel runs here but is not yet faster than XLA, so auto keeps "
-            "the reference; impl='fused' or KOSMOS_IMPL=fused selects it")
-  return ""
+  return _auto_reason(op, call) if ok else why
 
 
 def fused(op: str) -> Callable:

@@ -46,6 +46,8 @@ The FFI contract (kosmos_moe_forward, platform CUDA):
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,5 +221,40 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)
 
 
-# Selected by impl="fused" / KOSMOS_IMPL=fused only, until measured faster than the twin.
-register_fused("moe_forward", moe_forward_fused)
+# `auto` runs the fused forward (and after it the fused backward) where it was measured
+# faster than the reference layer: 1xH200, EP = 1, bf16, 8192 tokens (benchmarks/RESULTS.md,
+# MoE). DeepSeek-V3, Qwen3-235B-A22B, Qwen3-30B-A3B and Llama 4 Scout route 256-512 pairs
+# to an expert: forward 1.29-1.68x, training step 1.21-1.74x. Llama 4 Maverick routes 64
+# (each 128-row block half padding): 0.93x and 0.88x. Hence the Hopper builders, and at
+# least one row block of pairs per expert on average.
+AUTO_MIN_PAIRS_PER_EXPERT = TILE_ROWS
+
+
+def hopper_builders_here() -> bool:
+  """Whether the launches would build with their Hopper builders: every local GPU of
+  compute capability 9.0, and no KOSMOS_FUSED_BUILDERS=portable."""
+  if os.environ.get("KOSMOS_FUSED_BUILDERS") == "portable":
+    return False
+  gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+  return bool(gpus) and all(getattr(d, "compute_capability", "") == "9.0" for d in gpus)
+
+
+def auto_rule(x, *_, config: MoEConfig, axis_name, precision=None) -> str:
+  """'' where `auto` runs the fused forward, else why the twin stays (the op's call:
+  ops.moe_forward's arrays, config, axis_name and precision)."""
+  if precision is not None:
+    return f"precision={precision!r} asks for the twin (the fused kernel has one precision of its own)"
+  try:
+    check_fused("moe_forward", x, config, int(_compat.axis_size(axis_name)))
+  except (ValueError, NotImplementedError) as e:
+    return str(e)
+  if not hopper_builders_here():
+    return "the fused MoE layer was measured faster only with its Hopper builders (compute capability 9.0)"
+  t, k, e = x.shape[0], config.top_k, config.num_experts
+  if t * k < AUTO_MIN_PAIRS_PER_EXPERT * e:
+    return (f"{t=} tokens x top_k={k} route {t * k / e:g} pairs to each of num_experts={e} on average, under "
+            f"one {TILE_ROWS}-row block, where the fused layer was measured slower (Llama 4 Maverick)")
+  return ""
+
+
+register_fused("moe_forward", moe_forward_fused, auto=auto_rule)

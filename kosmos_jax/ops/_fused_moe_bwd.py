@@ -149,5 +149,18 @@ def moe_backward_fused(res, dy, daux, router_w, gate_up, down, shared_gate_up=No
   return dx.astype(dt), drouter, dw1.reshape(gate_up.shape), dw2, dsgu, dsd
 
 
-# Selected by impl="fused" / KOSMOS_IMPL=fused only, until measured faster than the twin.
-register_fused("moe_backward", moe_backward_fused)
+def auto_rule(res, *_, config: MoEConfig, axis_name, precision=None) -> str:
+  """'' where `auto` runs the fused backward: after a fused forward (auto_rule of
+  ops/_fused_moe.py held, or impl='fused'), whose workspace it reads; else why not."""
+  if res.ws is None:
+    return "the forward ran the reference twin, and the fused backward reads a fused forward's rows"
+  if precision is not None:
+    return f"precision={precision!r} asks for the twin (the fused kernel has one precision of its own)"
+  try:
+    check_fused("moe_backward", res, config, int(_compat.axis_size(axis_name)))
+  except (ValueError, NotImplementedError) as e:
+    return str(e)
+  return ""
+
+
+register_fused("moe_backward", moe_backward_fused, auto=auto_rule)

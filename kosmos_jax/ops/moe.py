@@ -25,6 +25,11 @@ routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at EP = 1 after a fus
 forward (it reads the forward's workspace, residuals.ws), the shared expert's gradients
 in its one launch, the routing-weight and router gradients in XLA beside it
 (kosmos_jax/ops/_fused_moe_bwd.py). At EP > 1 impl='fused' raises NotImplementedError.
+Under `auto` (the default) the forward runs fused where it was measured faster than
+the twin: EP = 1, bf16, Hopper builders (compute capability 9.0), precision None, and
+at least 128 routed pairs per expert on average (tokens x top_k >= 128 x num_experts);
+the backward runs fused after a fused forward. Elsewhere `auto` runs the twins
+(ops.auto_note(op, call) says why).
 The fused moe_forward is not differentiable by itself: differentiate the layer
 (kosmos_jax.moe.moe_layer), whose custom_vjp pairs the ops.
 """
@@ -89,7 +94,7 @@ def check_launch(op: str, launch) -> MoeLaunch:
 
 def _run(op: str, impl, precision, cu_cap, args: tuple, kwargs: dict, fused_kwargs: dict | None = None):
   check_cap(op, cu_cap)
-  if choose(op, impl) == "fused":
+  if choose(op, impl, (args, dict(kwargs, precision=precision))) == "fused":
     if precision is not None:
       raise ValueError(f"{op}: precision={precision!r} cannot be honoured by the fused kernel "
                        "(it has one precision of its own); pass precision=None, or "
