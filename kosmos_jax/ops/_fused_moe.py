@@ -239,15 +239,24 @@ def hopper_builders_here() -> bool:
   return bool(gpus) and all(getattr(d, "compute_capability", "") == "9.0" for d in gpus)
 
 
-def auto_rule(x, *_, config: MoEConfig, axis_name, precision=None) -> str:
-  """'' where `auto` runs the fused forward, else why the twin stays (the op's call:
-  ops.moe_forward's arrays, config, axis_name and precision)."""
+def refusal(check, *args, precision=None) -> str:
+  """Why a fused MoE kernel does not take a call ('' where it does): a precision, or
+  what check(*args), the op's check_fused, raises."""
   if precision is not None:
     return f"precision={precision!r} asks for the twin (the fused kernel has one precision of its own)"
   try:
-    check_fused("moe_forward", x, config, int(_compat.axis_size(axis_name)))
+    check(*args)
   except (ValueError, NotImplementedError) as e:
     return str(e)
+  return ""
+
+
+def auto_rule(x, *_, config: MoEConfig, axis_name, precision=None) -> str:
+  """'' where `auto` runs the fused forward, else why the twin stays (the op's call:
+  ops.moe_forward's arrays, config, axis_name and precision)."""
+  why = refusal(check_fused, "moe_forward", x, config, int(_compat.axis_size(axis_name)), precision=precision)
+  if why:
+    return why
   if not hopper_builders_here():
     return "the fused MoE layer was measured faster only with its Hopper builders (compute capability 9.0)"
   t, k, e = x.shape[0], config.top_k, config.num_experts

@@ -154,13 +154,8 @@ def auto_rule(res, *_, config: MoEConfig, axis_name, precision=None) -> str:
   ops/_fused_moe.py held, or impl='fused'), whose workspace it reads; else why not."""
   if res.ws is None:
     return "the forward ran the reference twin, and the fused backward reads a fused forward's rows"
-  if precision is not None:
-    return f"precision={precision!r} asks for the twin (the fused kernel has one precision of its own)"
-  try:
-    check_fused("moe_backward", res, config, int(_compat.axis_size(axis_name)))
-  except (ValueError, NotImplementedError) as e:
-    return str(e)
-  return ""
+  return fwd.refusal(check_fused, "moe_backward", res, config, int(_compat.axis_size(axis_name)),
+                     precision=precision)
 
 
 register_fused("moe_backward", moe_backward_fused, auto=auto_rule)
