@@ -439,6 +439,26 @@ def _layer_grads(cfg, impl, x, p, cot, cu_cap=None):
   return dict(zip(("x",) + names, g))
 
 
+@pytest.mark.parametrize("t,rule", [(512, True), (256, False)], ids=["128_pairs_per_expert", "64"])
+def test_auto_runs_the_launches_where_its_rule_holds(monkeypatch, t, rule):
+  """impl=None (auto: KOSMOS_IMPL unset) on a training step of the layer: both launches
+  run fused where auto's rule holds (softmax, 8 experts, top 2: t * 2 >= 128 * 8 at
+  t = 512) on the Hopper builders, and neither launch below it or on other builders;
+  the step's gradients are then those of impl='fused' (or 'reference'), bit for bit."""
+  monkeypatch.delenv("KOSMOS_IMPL", raising=False)
+  cfg = KINDS["softmax"]
+  p, x, cot = _params(cfg), _tokens(cfg, t), fresh((t, cfg.hidden))
+  fused = rule and _engine() == "sm90"
+  ops_ = ("moe_forward", "moe_backward")
+  before = {op: builder_runs()[op]["sm90"] + builder_runs()[op]["portable"] for op in ops_}
+  got = jax.block_until_ready(_layer_grads(cfg, None, x, p, cot))
+  ran = {op: builder_runs()[op]["sm90"] + builder_runs()[op]["portable"] - before[op] for op in ops_}
+  assert ran == {op: int(fused) for op in ops_}, ran
+  want = _layer_grads(cfg, "fused" if fused else "reference", x, p, cot)
+  for name in want:
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("t,skew", [(512, False), (1000, True)], ids=["balanced", "skewed"])
 def test_layer_grad_fused_equals_reference(kind, t, skew):
