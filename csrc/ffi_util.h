@@ -61,6 +61,14 @@ inline int moe_movers(int64_t movers, int grid, bool switching, int scale) {
   return mv;
 }
 
+// Both MoE launches' fold: a warp holds a token's k routed rows and, with a shared
+// expert, its row too. "" or why not.
+inline std::string moe_shared_top_k(bool shared, int64_t k) {
+  if (!shared || k + 1 <= 32) return "";
+  return "top_k=" + std::to_string(k) + " must be at most 31 with a shared expert (the fold's warp holds a token's "
+         "k rows and the shared one)";
+}
+
 // A fused MoE launch's builders on `ordinal` (the current device): the portable
 // kernel prepared, or the Hopper one prepared and checked ready. "" or why not.
 inline std::string prepare_builders(bool sm90, int ordinal, std::string (*portable)(int), std::string (*hopper)(int),

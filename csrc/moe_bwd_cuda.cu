@@ -68,10 +68,7 @@ std::string check_shared(ffi::AnyBuffer x, ffi::AnyBuffer hs, ffi::AnyBuffer sw1
     return "the shared expert's x " + dims(x.dimensions()) + ", hs " + dims(hs.dimensions()) + ", sw1 " +
            dims(sw1.dimensions()) + ", sw2 " + dims(sw2.dimensions()) + " must be bf16 [t, h], [t, 2I], [h, 2I], "
            "[I, h] with t=" + std::to_string(t) + ", h=" + std::to_string(H) + ", I=" + std::to_string(I);
-  if (k + 1 > 32)
-    return "top_k=" + std::to_string(k) + " must be at most 31 with a shared expert (the fold's warp holds a "
-           "token's k rows and the shared one)";
-  return "";
+  return moe_shared_top_k(shared, k);
 }
 
 struct Results {

@@ -134,8 +134,7 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
   c.band = gemm::swizzle_group(1 << 20, c.grid, moe::kMoeTileRows, (int)((c.H + c.nt2 - 1) / c.nt2));
   c.R = moe::moe_ep1_rows((int)c.t, (int)c.k, (int)c.E);
   c.S = moe::moe_shared_rows((int)c.t, shared != 0);
-  if (shared && c.k + 1 > 32) return Fail(op, "top_k=" + std::to_string(c.k) + " must be at most 31 with a shared "
-                                              "expert (the fold's warp holds a token's k rows and the shared one)");
+  if (std::string why = moe_shared_top_k(shared != 0, c.k); !why.empty()) return Fail(op, why);
   const moe::MoeWs L = moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.E, (int)c.H, (int)c.I, shared != 0);
   if (!shaped(y->dimensions(), {c.t, c.H}) || !shaped(y_rows->dimensions(), {c.R + c.S, c.H}) ||
       !shaped(pair_row->dimensions(), {c.t, c.k}) || (shared && !shaped(hs->dimensions(), {c.t, 2 * c.I})))

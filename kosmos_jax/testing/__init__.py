@@ -115,10 +115,10 @@ def _patched(obj, name, value):
 
 
 @contextlib.contextmanager
-def fake_fused(kernels: dict[str, Callable], *, auto: bool | Callable[..., str] = False):
+def fake_fused(kernels: dict[str, Callable], *, auto: bool | Callable[..., str] | None = False):
   """Within the block, each `kernels[op]` is `op`'s fused kernel and runs here
   (no extension or GPU needed); `auto=True` (or a rule, as register_fused takes) also
-  makes it `auto`'s choice.
+  makes it `auto`'s choice, `auto=None` keeps each op's own registration.
 
   A kernel is called as the fused wrapper is: the op's arrays, then its static
   keyword arguments (axis_name, ..., and `config=` for the TP+SP ops, `cu_cap=`
@@ -126,7 +126,7 @@ def fake_fused(kernels: dict[str, Callable], *, auto: bool | Callable[..., str] 
   exit, so a test's stand-ins never leak into another test."""
   fused, autos, status = dict(_dispatch._FUSED), dict(_dispatch._AUTO), _dispatch.fused_status
   for op, fn in kernels.items():
-    _dispatch.register_fused(op, fn, auto=auto)
+    _dispatch.register_fused(op, fn, auto=autos.get(op, False) if auto is None else auto)
 
   def fake_status(op):
     return (True, "") if op in kernels else status(op)
@@ -160,7 +160,5 @@ def fused_on_cpu(primitives: dict[str, object] | None = None):
       if op not in _PRIMITIVES:
         raise ValueError(f"fused_on_cpu: no fused primitive for op={op!r}; known: {sorted(_PRIMITIVES)}")
       stack.enter_context(_patched(*_PRIMITIVES[op], prim))
-    autos = dict(_dispatch._AUTO)
-    stack.enter_context(fake_fused({op: _dispatch._FUSED[op] for op in _dispatch._FUSED}))
-    _dispatch._AUTO.update(autos)  # `auto` keeps its rules (fake_fused restores the registry on exit)
+    stack.enter_context(fake_fused({op: _dispatch._FUSED[op] for op in _dispatch._FUSED}, auto=None))
     yield
