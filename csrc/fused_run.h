@@ -127,6 +127,22 @@ struct BulkRsArgs {
 xla::ffi::Error bulk_rs_nt_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot,
                                const BulkRsArgs& a);
 
+// One rank's call of kosmos_moe_forward (csrc/moe_fwd_cuda.cu): the MoE
+// forward over its EP group (ep = 1: one rank, no heap), shapes as the FFI
+// operands and results (kosmos_jax/ops/_fused_moe.py); w1 / w2 hold this
+// rank's e_local experts, indices name experts of the whole group.
+struct MoeFwdArgs {
+  const void *x, *indices, *weights, *w1, *w2, *sw1, *sw2;
+  void *y, *y_rows, *pair_row, *hs, *ws;
+  size_t ws_bytes;
+  int64_t y_rows_rows;
+  int64_t t, H, k, e_local, I, ep;
+  bool shared, input_gating;
+  int64_t cu_cap, movers, switching;
+};
+// `g` and `ctrl_slot` as find_group_slot returns them (unused at ep = 1).
+xla::ffi::Error moe_fwd_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const MoeFwdArgs& a);
+
 // A run body's launch, once it has validated and planned: the op's one
 // persistent kernel on `grid` CTAs, its output `y` poisoned first under
 // KOSMOS_POISON_OUTPUT (launch_prologue).

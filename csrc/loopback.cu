@@ -12,6 +12,7 @@
 
 #include "fused_run.h"
 #include "loopback.h"
+#include "moe/fwd_ws.h"
 #include "runtime.h"
 
 namespace kosmos {
@@ -30,6 +31,7 @@ struct Rank {
   cudaStream_t stream = nullptr;
   char* heap = nullptr;
   void* y = nullptr;                   // the largest output of the ops
+  void* scratch = nullptr;             // outputs no one compares (moe_forward's y_rows, ws)
   std::vector<std::vector<void*>> in;  // [set][input]
   std::vector<void*> first;            // per (set, op): the first call's output
 };
@@ -38,7 +40,19 @@ struct Rank {
 struct OpBytes {
   std::vector<size_t> in;
   size_t out = 0;
+  size_t scratch = 0;
 };
+
+// moe_forward's uncompared results: y_rows [R + S + P, K] then the workspace.
+struct MoeScratch {
+  int64_t y_rows_rows;
+  size_t ws_bytes;
+};
+MoeScratch moe_scratch(const LoopbackSpec& s) {
+  const int t = (int)s.rows, k = (int)s.moe_top_k, ep = s.tp, el = (int)(s.moe_experts / (s.tp > 0 ? s.tp : 1));
+  const int R = moe::moe_rank_rows(t, k, ep, el), P = moe::moe_return_rows(t, k, ep, ep * el);
+  return {R + P, moe::moe_ws_layout(t, k, ep, el, (int)s.K, (int)s.moe_inter, false).total};
+}
 
 OpBytes op_bytes(const LoopbackSpec& s, const std::string& op) {
   const size_t r = s.rows, K = s.K, N = s.N, tp = s.tp, e = 2;
@@ -47,10 +61,22 @@ OpBytes op_bytes(const LoopbackSpec& s, const std::string& op) {
   if (op == "ag_nn") return {{r * N * e, K * N * e}, tp * r * (K + N) * e};
   if (op == "bulk_ag_nn") return {{r * K * e, tp * r * N * e, K * N * e}, 2 * tp * r * K * e};
   if (op == "bulk_rs_nt") return {{tp * r * K * e, tp * r * K * e, tp * r * N * e}, (r * K + K * N) * e};
+  if (op == "moe_forward") {
+    const size_t k = s.moe_top_k, el = s.moe_experts / (tp ? tp : 1), I = s.moe_inter;
+    const MoeScratch m = moe_scratch(s);
+    return {{r * K * e, r * k * 4, r * k * 4, el * K * 2 * I * e, el * I * K * e}, r * K * e + r * k * 4,
+            (size_t)m.y_rows_rows * K * e + m.ws_bytes};
+  }
   return {};
 }
 
 bool known(const std::string& op) { return !op_bytes(LoopbackSpec{}, op).in.empty(); }
+
+size_t scratch_max(const LoopbackSpec& s) {
+  size_t b = 0;
+  for (const auto& op : s.ops) b = std::max(b, op_bytes(s, op).scratch);
+  return b;
+}
 
 size_t y_bytes(const LoopbackSpec& s, const std::string& op) { return op_bytes(s, op).out; }
 size_t y_max(const LoopbackSpec& s) {
@@ -88,6 +114,10 @@ std::string check(const LoopbackSpec& s, int sm_count, const Inputs& ins) {
   for (const auto& op : s.ops)
     if (!known(op)) return "loopback: unknown op '" + op + "' (loopback.h lists the ops)";
   if (s.tp < 1 || s.tp > kMaxRanks) return "loopback: tp=" + std::to_string(s.tp) + " outside 1.." + std::to_string(kMaxRanks);
+  for (const auto& op : s.ops)
+    if (op == "moe_forward" && (s.moe_top_k < 1 || s.moe_inter < 1 || s.moe_experts < 1 || s.moe_experts % s.tp))
+      return "loopback: moe_forward needs moe_top_k, moe_inter >= 1 and moe_experts=" +
+             std::to_string(s.moe_experts) + " a positive multiple of ep=" + std::to_string(s.tp);
   if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
     return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
            std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
@@ -113,6 +143,7 @@ std::string alloc_rank(Rank& rk, const LoopbackSpec& s, const Inputs& ins, int r
   dev(reinterpret_cast<void**>(&rk.heap), s.heap_bytes, "heap");
   if (err.empty()) err = cuda_check(cudaMemset(rk.heap, 0, s.heap_bytes), "zeroing the heap");
   dev(&rk.y, y_max(s), "y");
+  if (scratch_max(s) > 0) dev(&rk.scratch, scratch_max(s), "scratch");
   for (size_t k = 0; err.empty() && k < ins.size(); ++k) {
     rk.in.emplace_back();
     for (const std::string& a : ins[k][r]) {
@@ -135,6 +166,7 @@ void free_rank(Rank& rk) {
     for (void* p : set) cudaFree(p);
   for (void* p : rk.first) cudaFree(p);
   cudaFree(rk.y);
+  cudaFree(rk.scratch);
   cudaFree(rk.heap);
   if (rk.stream) cudaStreamDestroy(rk.stream);
 }
@@ -142,7 +174,7 @@ void free_rank(Rank& rk) {
 // One rank's launch of `op` through its handler body (fused_run.h), outputs
 // one after the other in y (loopback.h's table).
 xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStream_t stream, int ordinal,
-                          const GroupInfo& g, const std::vector<void*>& in, void* y, Transport t) {
+                          const GroupInfo& g, const std::vector<void*>& in, void* y, void* scratch, Transport t) {
   const auto bf16 = xla::ffi::DataType::BF16;
   const size_t e = 2, r = s.rows, K = s.K, N = s.N, tp = s.tp;
   char* out = static_cast<char*>(y);
@@ -169,6 +201,15 @@ xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStre
     return bulk_rs_nt_run(stream, ordinal, g, 0,
                           BulkRsArgs{in[0], in[1], in[2], y, out + r * K * e, r * K * e, K * N * e, bf16, s.rows, s.K,
                                      s.N, s.tp, s.cu_cap, s.knob, s.switching});
+  if (op == "moe_forward") {
+    const MoeScratch m = moe_scratch(s);
+    char* sc = static_cast<char*>(scratch);
+    const MoeFwdArgs a{in[0], in[1], in[2], in[3], in[4], in[3], in[4], y, sc, out + r * K * e, nullptr,
+                       sc + (size_t)m.y_rows_rows * K * e, m.ws_bytes, m.y_rows_rows, s.rows, s.K, s.moe_top_k,
+                       s.moe_experts / s.tp, s.moe_inter, s.tp, false, s.moe_input_gating != 0, s.cu_cap, s.knob,
+                       s.switching};
+    return moe_fwd_run(stream, ordinal, g, 0, a);
+  }
   return xla::ffi::Error::InvalidArgument("loopback: no launch for op '" + op + "'");
 }
 
@@ -188,7 +229,7 @@ std::string enqueue(const LoopbackSpec& s, const std::vector<Transport>& ts, std
     const std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, yb, rk.stream), "poisoning y");
     if (!err.empty()) return err;
   }
-  const xla::ffi::Error e = launch_op(s, op, rk.stream, ordinal, g, rk.in[k], rk.y, t);
+  const xla::ffi::Error e = launch_op(s, op, rk.stream, ordinal, g, rk.in[k], rk.y, rk.scratch, t);
   if (e.failure()) return "loopback: rank " + std::to_string(r) + ", call " + std::to_string(i) + ": " + e.message();
   if (!s.check) return "";
   const size_t c = i % rk.first.size();  // the first call with this set and op
@@ -229,7 +270,9 @@ std::string run_calls(const LoopbackSpec& s, const std::vector<Transport>& ts, s
 
 }  // namespace
 
-std::vector<std::string> loopback_ops() { return {"ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt"}; }
+std::vector<std::string> loopback_ops() {
+  return {"ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "moe_forward"};
+}
 
 std::string loopback_run(int ordinal, const LoopbackSpec& spec, const Inputs& ins, LoopbackResult* out) {
   DeviceEntry me;

@@ -28,6 +28,9 @@ struct LoopbackSpec {
   int64_t knob = -1;       // movers (AG ops) or reducers (RS ops); -1: the default policy
   int64_t switching = 1;
   int64_t stage_bf16 = 0, band_rows = 1;  // tn_rs only
+  // moe_forward (tp = ep ranks, rows = tokens per rank, K = hidden): every
+  // expert of the group, top_k, the expert intermediate, input gating.
+  int64_t moe_experts = 0, moe_top_k = 0, moe_inter = 0, moe_input_gating = 0;
   // Call i runs transport transports[i % size], by name ("pull", "push",
   // "push_fold"), as the FFI attribute carries it. The bulk ops have one
   // transport each (bulk_ag_nn pulls, bulk_rs_nt pushes) and run it whatever
@@ -58,6 +61,9 @@ struct LoopbackResult {
 //   ag_nn       dy [rows, N], w [K, N]                     -> dx [tp*rows, K], dy_g [tp*rows, N]
 //   bulk_ag_nn  x [rows, K], dy [tp*rows, N], w [K, N]     -> xg [tp*rows, K], dxp [tp*rows, K]
 //   bulk_rs_nt  dxp [tp*rows, K], xg [tp*rows, K], dy [tp*rows, N] -> dx [rows, K], dw [K, N]
+//   moe_forward x [rows, K], indices [rows, k] int32, weights [rows, k] f32, w1 [E/tp, K, 2I],
+//               w2 [E/tp, I, K] (this rank's experts)     -> y [rows, K], pair_row [rows, k] int32
+//               (its y_rows and workspace are scratch; no shared expert)
 // An input may be longer than the op needs (ops of one run share input sets:
 // ag_tn reads the first rows of a tn_rs x).
 std::vector<std::string> loopback_ops();

@@ -139,11 +139,14 @@ static std::vector<std::vector<std::vector<std::string>>> BytesGrid(const nb::li
 static nb::tuple LoopbackRun(int ordinal, const std::vector<std::string>& ops, int tp, int64_t rows, int64_t k, int64_t n,
                              int64_t cu_cap, int64_t knob, int64_t switching, int64_t stage_bf16,
                              int64_t band_rows, const std::vector<std::string>& transports, int calls,
-                             size_t heap_bytes, const nb::list& ins, int check, int64_t m_local) {
+                             size_t heap_bytes, const nb::list& ins, int check, int64_t m_local,
+                             const std::vector<int64_t>& moe) {
   kosmos::LoopbackSpec spec;
   spec.ops = ops; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
   spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.transports = transports;
   spec.calls = calls; spec.heap_bytes = heap_bytes; spec.check = check; spec.m_local = m_local;
+  if (moe.size() == 4)  // moe_forward: (experts, top_k, intermediate, input_gating)
+    spec.moe_experts = moe[0], spec.moe_top_k = moe[1], spec.moe_inter = moe[2], spec.moe_input_gating = moe[3];
   kosmos::LoopbackResult res;
   const auto in = BytesGrid(ins);
   std::string err;

@@ -137,7 +137,7 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   const int t = (int)dy.dimensions()[0], H = (int)dy.dimensions()[1], k = (int)indices.dimensions()[1];
   const int E = (int)w1.dimensions()[0], I = (int)w2.dimensions()[1];
   const int R = moe::moe_ep1_rows(t, k, E), S = moe::moe_shared_rows(t, shared != 0);
-  const moe::MoeWs F = moe::moe_ws_layout(t, k, E, H, I, shared != 0);
+  const moe::MoeWs F = moe::moe_ws_layout(t, k, 1, E, H, I, shared != 0);
   const moe::MoeBwdWs L = moe::moe_bwd_ws_layout(t, k, E, H, I, shared != 0);
   if (std::string why = check_shared(x, hs, sw1, sw2, shared != 0, t, H, I, k); !why.empty()) return Fail(op, why);
   const Results res{dx, dx_rows, pair_row, dw1, dw2, dsw1, dsw2, ws};

@@ -1,6 +1,8 @@
 // FFI handler of the MoE forward (CUDA): kosmos_moe_forward, the forward
-// megakernel at EP = 1 with the shared expert (routing runs in XLA before it,
-// kosmos_jax/ops/_fused_moe.py). The expert GEMMs alone (the benchmark's
+// megakernel with the shared expert (routing runs in XLA before it,
+// kosmos_jax/ops/_fused_moe.py), at EP = 1 or over an EP group whose ranks'
+// symmetric heaps hold what peers push (moe/fwd_heap.h). Its body, moe_fwd_run
+// (fused_run.h), is also what the loopback hook calls for every rank. The expert GEMMs alone (the benchmark's
 // floor) are csrc/grouped_cuda.cu's. The forward runs its Hopper builders
 // (kernels/moe/fwd_sm90.cuh) on compute capability 9.0 and its portable ones
 // (kernels/moe/fwd_portable.cuh) on every other GPU, or everywhere with
@@ -16,9 +18,11 @@
 
 #include "device.h"
 #include "ffi_util.h"
+#include "fused_run.h"
 #include "handlers.h"
 #include "launch.h"
 #include "gemm/tile_order.h"
+#include "moe/fwd_heap.h"
 #include "moe/fwd_ws.h"
 #include "moe_fwd_portable.h"
 #include "moe_fwd_sm90.h"
@@ -47,8 +51,9 @@ std::string engine_refuses(bool sm90, int64_t H, int64_t I, int64_t E, int64_t k
 
 // One call's sizes, the engine's column blocks and rows, the grid and the knobs.
 struct MoeCall {
-  int64_t t, H, k, E, I;
-  int R, S, nt1, nt2, grid;  // arena rows, the shared expert's rows (0: none)
+  int64_t t, H, k, E, I;     // E: every expert of the group (ep x E_l)
+  int64_t ep, e_local;
+  int R, S, P, nt1, nt2, grid;  // arena rows, the shared expert's rows (0: none), returned rows (EP > 1)
   int band;                  // row blocks per band of the tile order (gemm::swizzle_group)
   bool input_gating, switching;
   int64_t movers;
@@ -56,11 +61,13 @@ struct MoeCall {
 
 // The launch's parameters over the workspace at `base` (laid out by L): the
 // shape with the engine's column blocks (nt1, nt2), every pointer, the knobs.
-moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, const void* x, const void* indices,
-                             const void* weights, void* y, void* y_rows, void* pair_row, void* hs) {
+moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, char* base, const void* x,
+                             const void* indices, const void* weights, void* y, void* y_rows, void* pair_row, void* hs) {
   moe::MoeFwdParams m{};
-  m.s = moe::MoeFwdShape{1, 0, (int)c.t, (int)c.k, moe::kMoeBlockTokens, (int)c.E, moe::kMoeTileRows, c.nt1, c.nt2,
-                         /*groups=*/4, /*capacity=*/(int)c.t, /*shared_rb0=*/c.R / moe::kMoeTileRows,
+  // capacity t: the arena holds every pair a source can send (moe_rank_rows), so
+  // the layout never reports an overflow.
+  m.s = moe::MoeFwdShape{(int)c.ep, rank, (int)c.t, (int)c.k, moe::kMoeBlockTokens, (int)c.e_local, moe::kMoeTileRows,
+                         c.nt1, c.nt2, /*groups=*/4, /*capacity=*/(int)c.t, /*shared_rb0=*/c.R / moe::kMoeTileRows,
                          /*shared_blocks=*/c.S / moe::kMoeTileRows, /*band=*/c.band};
   m.H = (int)c.H, m.I = (int)c.I;
   m.x = static_cast<const bf16_t*>(x);
@@ -86,13 +93,26 @@ moe::MoeFwdParams moe_params(const MoeCall& c, const moe::MoeWs& L, char* base, 
   return m;
 }
 
+// EP > 1: the control block, arena and returned rows of every rank, in its heap.
+void moe_peers(moe::MoeFwdParams* m, const MoeCall& c, const GroupInfo& g, int ctrl_slot) {
+  const moe::MoeHeap h = moe::moe_heap_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H);
+  for (int r = 0; r < c.ep; ++r) {
+    m->peer_ctrl[r] = reinterpret_cast<moe::MoeCtrl*>(g.heaps[r] + moe::moe_ctrl_offset(ctrl_slot));
+    m->peer_arena[r] = reinterpret_cast<bf16_t*>(g.heaps[r] + h.arena);
+    m->peer_ret[r] = reinterpret_cast<bf16_t*>(g.heaps[r] + h.ret);
+  }
+  m->ctrl = m->peer_ctrl[g.rank];
+  m->arena = m->peer_arena[g.rank];
+  m->heap = g.heaps[g.rank];
+}
+
 // The operands' types and shapes (the results' once R is known): "" or what is wrong.
 std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
                            ffi::AnyBuffer w2, ffi::AnyBuffer sw1, ffi::AnyBuffer sw2, int64_t shared) {
   using DT = ffi::DataType;
   auto xd = x.dimensions(), id = indices.dimensions(), w1d = w1.dimensions(), w2d = w2.dimensions();
   if (xd.size() != 2 || id.size() != 2 || w1d.size() != 3 || w2d.size() != 3)
-    return "need x [t, h], indices [t, k], w1 [E, h, 2I], w2 [E, I, h]; got " + dims(xd) + ", " + dims(id) + ", " +
+    return "need x [t, h], indices [t, k], w1 [E_l, h, 2I], w2 [E_l, I, h]; got " + dims(xd) + ", " + dims(id) + ", " +
            dims(w1d) + ", " + dims(w2d);
   const int64_t t = xd[0], H = xd[1], k = id[1], E = w1d[0], I = w2d[1];
   if (x.element_type() != DT::BF16 || w1.element_type() != DT::BF16 || w2.element_type() != DT::BF16 ||
@@ -114,63 +134,96 @@ std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuf
 
 std::vector<std::pair<std::string, long long>> kosmos::moe_forward_engine_runs() { return engine_counts(g_runs); }
 
-static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer indices,
-                                 ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer sw1,
-                                 ffi::AnyBuffer sw2, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
-                                 ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> hs,
-                                 ffi::Result<ffi::AnyBuffer> ws, int64_t input_gating, int64_t shared, int64_t cu_cap,
-                                 int64_t movers, int64_t switching) {
+ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int ctrl_slot,
+                               const MoeFwdArgs& a) {
   const char* op = "kosmos_moe_forward";
-  if (std::string why = check_operands(x, indices, weights, w1, w2, sw1, sw2, shared); !why.empty()) return Fail(op, why);
-  MoeCall c{x.dimensions()[0], x.dimensions()[1], indices.dimensions()[1], w1.dimensions()[0], w2.dimensions()[1]};
-  c.input_gating = input_gating != 0, c.switching = switching != 0, c.movers = movers;
+  MoeCall c{a.t, a.H, a.k, a.ep * a.e_local, a.I, a.ep, a.e_local};
+  c.input_gating = a.input_gating != 0, c.switching = a.switching != 0, c.movers = a.movers;
+  if (a.ep < 1 || a.ep > moe::kEpMaxRanks || (a.ep > 1 && (g.rank < 0 || g.rank >= a.ep)))
+    return Fail(op, "ep=" + std::to_string(a.ep) + " must be in 1.." + std::to_string(moe::kEpMaxRanks) +
+                        " with this device's rank in it (rank " + std::to_string(g.rank) + ")");
   bool cc90 = false;
-  if (std::string why = grid_of(ordinal, cu_cap, &c.grid, &cc90); !why.empty()) return Fail(op, why);
+  if (std::string why = grid_of(ordinal, a.cu_cap, &c.grid, &cc90); !why.empty()) return Fail(op, why);
   const bool sm90 = hopper_builders(cc90);
   if (std::string why = engine_refuses(sm90, c.H, c.I, c.E, c.k); !why.empty()) return Fail(op, why);
   if (sm90) moe_fwd_sm90_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
   else moe_fwd_portable_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
   // The floor's band for the grid: each tile is 128 rows by (H / nt2) columns.
   c.band = gemm::swizzle_group(1 << 20, c.grid, moe::kMoeTileRows, (int)((c.H + c.nt2 - 1) / c.nt2));
-  c.R = moe::moe_ep1_rows((int)c.t, (int)c.k, (int)c.E);
-  c.S = moe::moe_shared_rows((int)c.t, shared != 0);
-  if (std::string why = moe_shared_top_k(shared != 0, c.k); !why.empty()) return Fail(op, why);
-  const moe::MoeWs L = moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.E, (int)c.H, (int)c.I, shared != 0);
-  if (!shaped(y->dimensions(), {c.t, c.H}) || !shaped(y_rows->dimensions(), {c.R + c.S, c.H}) ||
-      !shaped(pair_row->dimensions(), {c.t, c.k}) || (shared && !shaped(hs->dimensions(), {c.t, 2 * c.I})))
-    return Fail(op, "results must be y [t, h], y_rows [" + std::to_string(c.R + c.S) + ", h], pair_row [t, k]" +
-                        (shared ? ", hs [t, 2I]" : ""));
-  if (ws->size_bytes() < L.total)
-    return Fail(op, "workspace of " + std::to_string(ws->size_bytes()) + " bytes; it must hold " +
-                        std::to_string(L.total) + " (kosmos_jax.ops._fused_moe.workspace_bytes)");
+  c.R = moe::moe_rank_rows((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local);
+  c.S = moe::moe_shared_rows((int)c.t, a.shared);
+  c.P = moe::moe_return_rows((int)c.t, (int)c.k, (int)c.ep, (int)c.E);
+  if (std::string why = moe_shared_top_k(a.shared, c.k); !why.empty()) return Fail(op, why);
+  const moe::MoeWs L =
+      moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H, (int)c.I, a.shared);
+  if (a.y_rows_rows != c.R + c.S + c.P)
+    return Fail(op, "y_rows has " + std::to_string(a.y_rows_rows) + " rows; it must have R + S + P = " +
+                        std::to_string(c.R + c.S + c.P) + " (kosmos_jax.ops._fused_moe.y_rows_rows)");
+  if (a.ws_bytes < L.total)
+    return Fail(op, "workspace of " + std::to_string(a.ws_bytes) + " bytes; it must hold " + std::to_string(L.total) +
+                        " (kosmos_jax.ops._fused_moe.workspace_bytes)");
+  if (c.ep > 1) {
+    const size_t need = moe::moe_heap_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H).end;
+    if (need > g.heap_bytes)
+      return Fail(op, "t=" + std::to_string(c.t) + " tokens x top_k=" + std::to_string(c.k) + " at ep=" +
+                          std::to_string(c.ep) + " need " + std::to_string((need + (1u << 20) - 1) >> 20) +
+                          " MiB of symmetric heap (have " + std::to_string(g.heap_bytes >> 20) +
+                          " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) before the first kosmos op)");
+  }
   if (!c.switching && c.grid < 2)
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(c.grid));
   DeviceGuard guard(ordinal);
   if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
   const std::string err =
       prepare_builders(sm90, ordinal, moe_fwd_portable_prepare, moe_fwd_sm90_prepare, moe_fwd_sm90_ready);
-  char* base = static_cast<char*>(ws->untyped_data());
+  char* base = static_cast<char*>(a.ws);
   cudaError_t e = err.empty() ? cudaMemsetAsync(base, 0, L.zeroed, stream) : cudaSuccess;
   if (e == cudaSuccess && err.empty() && poison_output()) {
-    e = cudaMemsetAsync(y->untyped_data(), 0xFF, y->size_bytes(), stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(y_rows->untyped_data(), 0xFF, y_rows->size_bytes(), stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(pair_row->untyped_data(), 0xFF, pair_row->size_bytes(), stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(hs->untyped_data(), 0xFF, hs->size_bytes(), stream);
+    e = cudaMemsetAsync(a.y, 0xFF, (size_t)c.t * c.H * 2, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(a.y_rows, 0xFF, (size_t)a.y_rows_rows * c.H * 2, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(a.pair_row, 0xFF, (size_t)c.t * c.k * 4, stream);
+    if (e == cudaSuccess && a.shared) e = cudaMemsetAsync(a.hs, 0xFF, (size_t)c.t * 2 * c.I * 2, stream);
   }
   if (e == cudaSuccess && err.empty()) {
-    moe::MoeFwdParams m = moe_params(c, L, base, x.untyped_data(), indices.untyped_data(), weights.untyped_data(),
-                                     y->untyped_data(), y_rows->untyped_data(), pair_row->untyped_data(),
-                                     hs->untyped_data());
-    m.trace = trace_buf(ordinal, 0);
-    e = sm90 ? moe_fwd_sm90_launch(m, w1.untyped_data(), w2.untyped_data(), sw1.untyped_data(), sw2.untyped_data(),
-                                   c.grid, stream)
-             : moe_fwd_portable_launch(m, w1.untyped_data(), w2.untyped_data(), sw1.untyped_data(),
-                                       sw2.untyped_data(), c.grid, ordinal, stream);
+    moe::MoeFwdParams m = moe_params(c, c.ep > 1 ? g.rank : 0, L, base, a.x, a.indices, a.weights, a.y, a.y_rows,
+                                     a.pair_row, a.hs);
+    if (c.ep > 1) moe_peers(&m, c, g, ctrl_slot);
+    m.trace = trace_buf(ordinal, c.ep > 1 ? g.rank : 0, g.trace_list);
+    e = sm90 ? moe_fwd_sm90_launch(m, a.w1, a.w2, a.sw1, a.sw2, c.grid, stream)
+             : moe_fwd_portable_launch(m, a.w1, a.w2, a.sw1, a.sw2, c.grid, ordinal, stream);
     if (e == cudaSuccess) ++g_runs[sm90 ? 0 : 1];  // counted once the launch is accepted
   }
   if (!err.empty()) return ffi::Error::Internal(std::string(op) + ": " + err);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
   return ffi::Error::Success();
+}
+
+static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x, ffi::AnyBuffer indices,
+                                 ffi::AnyBuffer weights, ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer sw1,
+                                 ffi::AnyBuffer sw2, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
+                                 ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> hs,
+                                 ffi::Result<ffi::AnyBuffer> ws, int64_t input_gating, int64_t shared, int64_t cu_cap,
+                                 int64_t movers, int64_t switching, ffi::Span<const int64_t> groups, int64_t ep,
+                                 ffi::Span<const int64_t> slots) {
+  const char* op = "kosmos_moe_forward";
+  if (std::string why = check_operands(x, indices, weights, w1, w2, sw1, sw2, shared); !why.empty()) return Fail(op, why);
+  const int64_t t = x.dimensions()[0], H = x.dimensions()[1], k = indices.dimensions()[1], I = w2.dimensions()[1];
+  if (!shaped(y->dimensions(), {t, H}) || y_rows->dimensions().size() != 2 || y_rows->dimensions()[1] != H ||
+      !shaped(pair_row->dimensions(), {t, k}) || (shared && !shaped(hs->dimensions(), {t, 2 * I})))
+    return Fail(op, "results must be y [t, h], y_rows [R + S + P, h], pair_row [t, k]" +
+                        std::string(shared ? ", hs [t, 2I]" : "") + "; got y " + dims(y->dimensions()) + ", y_rows " +
+                        dims(y_rows->dimensions()) + ", pair_row " + dims(pair_row->dimensions()));
+  GroupInfo g;
+  int ctrl_slot = -1;
+  if (ep > 1) {
+    if (auto err = find_group_slot(op, ordinal, groups, ep, slots, &g, &ctrl_slot); !err.empty()) return Fail(op, err);
+  }
+  MoeFwdArgs a{x.untyped_data(), indices.untyped_data(), weights.untyped_data(), w1.untyped_data(), w2.untyped_data(),
+               sw1.untyped_data(), sw2.untyped_data(), y->untyped_data(), y_rows->untyped_data(),
+               pair_row->untyped_data(), hs->untyped_data(), ws->untyped_data(), ws->size_bytes(),
+               y_rows->dimensions()[0], t, H, k, w1.dimensions()[0], I, ep, shared != 0, input_gating != 0, cu_cap,
+               movers, switching};
+  return moe_fwd_run(stream, ordinal, g, ctrl_slot, a);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
@@ -180,12 +233,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                                   .Arg<ffi::AnyBuffer>()   // x [t, h] bf16
                                   .Arg<ffi::AnyBuffer>()   // indices [t, k] int32
                                   .Arg<ffi::AnyBuffer>()   // weights [t, k] f32
-                                  .Arg<ffi::AnyBuffer>()   // w1 [E, h, 2I] bf16 (gate | up)
-                                  .Arg<ffi::AnyBuffer>()   // w2 [E, I, h] bf16
+                                  .Arg<ffi::AnyBuffer>()   // w1 [E_l, h, 2I] bf16 (gate | up): our experts
+                                  .Arg<ffi::AnyBuffer>()   // w2 [E_l, I, h] bf16
                                   .Arg<ffi::AnyBuffer>()   // sw1 [h, 2I] bf16 (shared), else (1,)
                                   .Arg<ffi::AnyBuffer>()   // sw2 [I, h] bf16 (shared), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // y [t, h] bf16
-                                  .Ret<ffi::AnyBuffer>()   // y_rows [R + S, h] bf16
+                                  .Ret<ffi::AnyBuffer>()   // y_rows [R + S + P, h] bf16
                                   .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
                                   .Ret<ffi::AnyBuffer>()   // hs [t, 2I] bf16 (shared), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/fwd_ws.h)
@@ -193,4 +246,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                                   .Attr<int64_t>("shared")
                                   .Attr<int64_t>("cu_cap")      // 0 = all SMs
                                   .Attr<int64_t>("movers")      // -1 = default policy
-                                  .Attr<int64_t>("switching"));  // 0: fixed crew
+                                  .Attr<int64_t>("switching")   // 0: fixed crew
+                                  .Attr<ffi::Span<const int64_t>>("groups")  // [n_groups*ep] global ids (ep > 1)
+                                  .Attr<int64_t>("ep")                       // EP group size
+                                  .Attr<ffi::Span<const int64_t>>("slots")); // [n_groups] control slots (ep > 1)

@@ -1,11 +1,14 @@
-// The MoE forward megakernel's control words at EP = 1: the control block in
-// the workspace (moe/fwd_ws.h), the launch's parameters, and MoeCtl, the view
-// of them one thread has (the engine's producer and publisher threads drive the
-// build queue with it; the CTA-wide ops of moe/fwd_ops.cuh wrap it).
+// The MoE forward megakernel's control words: the control block (in the
+// workspace at EP = 1, moe/fwd_ws.h; in the symmetric heap at EP > 1,
+// moe/fwd_heap.h), the launch's parameters, and MoeCtl, the view of them one
+// thread has (the engine's producer and publisher threads drive the build
+// queue with it; the CTA-wide ops of moe/fwd_ops.cuh wrap it).
 //
 // Flags hold epochs; counters are u32s re-armed by the add that completes them
-// (moe/fwd_sched.h). Everything here is at gpu scope: at EP = 1 every reader
-// is on this GPU.
+// (moe/fwd_sched.h). A flag another rank releases (ready, counts, arrived,
+// returned) is stored into that rank's block at system scope and acquired at
+// system scope (the writer is another GPU); every other flag and counter is
+// this GPU's own, at gpu scope. At EP = 1 every flag is our own.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +17,7 @@
 #include "kosmos/sync.h"
 #include "kosmos/trace.h"
 #include "kosmos/types.h"
+#include "moe/fwd_heap.h"
 #include "moe/fwd_sched.h"
 #include "moe/fwd_ws.h"
 
@@ -44,6 +48,7 @@ struct MoeCtrl {
   MoeLayout layout;
 };
 static_assert(sizeof(MoeCtrl) <= kMoeCtrlBytes, "the control block fits its workspace section");
+static_assert(sizeof(MoeCtrl) <= kMoeCtrlStride, "the control block fits its heap slot");
 // The front's shared scratch (ints). Its largest use is the scatter's cursor
 // per warp and expert (kMoeThreads / 32 * E); the layout takes a MoeLayout and
 // a scan buffer of a CTA's threads, the scan 2E + 1 and that buffer.
@@ -68,7 +73,14 @@ struct MoeFwdParams {
   bf16_t* arena;          // [R][H] the experts' input rows
   bf16_t* act;            // [R + S][I] SwiGLU outputs
   bf16_t* h1;             // [R][2I] routed pre-activations (bf16, gate | up), kept for the backward
-  bf16_t* y_rows;         // [R + S][H] the experts' output rows (the shared expert's last)
+  bf16_t* y_rows;         // [R + S + P][H] the experts' output rows (the shared expert's after
+                          // ours, then, at EP > 1, copies of the rows our pairs got back)
+  // EP > 1: the group's blocks by rank, each in its rank's heap (moe/fwd_heap.h):
+  // control blocks, receive arenas (ours is `arena`) and returned rows.
+  MoeCtrl* peer_ctrl[kEpMaxRanks];
+  bf16_t* peer_arena[kEpMaxRanks];
+  bf16_t* peer_ret[kEpMaxRanks];
+  char* heap;             // our heap, whose HeapUse CTA 0 waits on (nullptr at EP = 1)
   int movers, switching;
   uint64_t timeout_ns;
   TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
@@ -82,8 +94,14 @@ struct MoeCtl {
   int cta;
   const char* kernel = "moe_forward";  // what a wait's timeout report names: the backward's says so
 
-  KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const {
-    MoeCtrl* c = p->ctrl;
+  // Whether another rank releases flag f (so it is acquired at system scope).
+  KOSMOS_DEVICE static bool cross(MoeFlag f) {
+    return f == MoeFlag::kReady || f == MoeFlag::kCounts || f == MoeFlag::kArrived || f == MoeFlag::kReturned;
+  }
+  KOSMOS_DEVICE bool sys(MoeFlag f) const { return p->s.ep > 1 && cross(f); }
+  KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const { return flag_at(p->ctrl, f, i); }
+  // Flag i in control block c (ours, or a peer's for a cross-rank release).
+  KOSMOS_DEVICE uint64_t* flag_at(MoeCtrl* c, MoeFlag f, int i) const {
     switch (f) {
       case MoeFlag::kReady: return c->ready + i;
       case MoeFlag::kCounts: return c->counts + i;
@@ -114,7 +132,20 @@ struct MoeCtl {
     *c = 0;
     return true;
   }
-  KOSMOS_DEVICE void release(MoeFlag f, int, int i) { store_release<Scope::kGpu>(flag(f, i), e); }
+  // Flag i at rank `home`: a peer's at system scope, after the caller's barrier
+  // (the release is cumulative over the CTA's stores into that peer).
+  KOSMOS_DEVICE void release(MoeFlag f, int home, int i) {
+    if (home == p->s.rank) store_release<Scope::kGpu>(flag(f, i), e);
+    else store_release<Scope::kSys>(flag_at(p->peer_ctrl[home], f, i), e);
+  }
+  KOSMOS_DEVICE uint64_t acquire(MoeFlag f, int i) const {
+    return sys(f) ? load_acquire<Scope::kSys>(flag(f, i)) : load_acquire<Scope::kGpu>(flag(f, i));
+  }
+  KOSMOS_DEVICE void spin(MoeFlag f, int i) const {
+    const WaitSite site{kernel, p->s.rank, cta, moe_flag_name(f), i};
+    if (sys(f)) wait_ge<Scope::kSys>(flag(f, i), e, p->timeout_ns, site);
+    else wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, site);
+  }
   // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
     // A traced build records only waits that spin: the backward's weight-gradient
@@ -122,10 +153,10 @@ struct MoeCtl {
     // launch, which overflowed the per-CTA record buffers.
     if (kTraceCompiled && test(f, i)) return;
     const TraceSpan span;
-    wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, {kernel, p->s.rank, cta, moe_flag_name(f), i});
+    spin(f, i);
     span.close(p->trace, cta, kTraceWait, moe_wait_tile(f, i));
   }
-  KOSMOS_DEVICE bool test(MoeFlag f, int i) { return load_acquire<Scope::kGpu>(flag(f, i)) >= e; }
+  KOSMOS_DEVICE bool test(MoeFlag f, int i) { return acquire(f, i) >= e; }
 };
 
 // The control words of a row block's tile on the Hopper engine, the part its

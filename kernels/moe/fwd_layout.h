@@ -147,6 +147,25 @@ KOSMOS_HD inline void moe_build_layout(const MoeFwdShape& s, const int* table, M
   moe_layout_peers(s, table, L);
 }
 
+// Expert ex's segment at its owner as source `src` sees it, from the exchanged
+// table [ep][E]: every source's rows, the rows of the sources before src, and
+// the last source with rows (which zeroes the segment's padding rows: they
+// share the row block of its last rows, so GEMM1 waits on its arrival).
+struct MoeSegment {
+  int rows, before, last_src;
+};
+KOSMOS_HD inline MoeSegment moe_segment(const MoeFwdShape& s, const int* table, int ex, int src) {
+  const int E = moe_experts(s);
+  MoeSegment g{0, 0, -1};
+  for (int r = 0; r < s.ep; ++r) {
+    const int c = table[r * E + ex];
+    if (r == src) g.before = g.rows;
+    if (c > 0) g.last_src = r;
+    g.rows += c;
+  }
+  return g;
+}
+
 // After the plan, ends[b][E] (plan_scan's starts, advanced by plan_scatter to
 // each block's end) holds the rows of each expert in blocks <= b.
 KOSMOS_HD inline int moe_rows_before(const MoeFwdShape& s, const int* ends, int blocks, int e) {

@@ -1,10 +1,10 @@
-// The MoE forward megakernel's device operations at EP = 1 (one rank, no
-// peers): the CTA-wide work that moe_fwd_cta (moe/fwd_sched.h) asks of its
-// Ops, over the control words of moe/fwd_ctl.cuh, single-source CUDA/HIP for
-// any CTA of up to kMoeThreads (every step strides by blockDim.x). The GEMM
-// tiles are the engine's (build(): moe/fwd_sm90.cuh, moe/fwd_portable.cuh).
-// Routing runs before the launch (the router GEMM and top-k as XLA ops), so
-// the front's route item is the plan histogram of its block.
+// The MoE forward megakernel's device operations: the CTA-wide work that
+// moe_fwd_cta (moe/fwd_sched.h) asks of its Ops, over the control words of
+// moe/fwd_ctl.cuh, single-source CUDA/HIP for any CTA of up to kMoeThreads
+// (every step strides by blockDim.x). The GEMM tiles are the engine's
+// (build(): moe/fwd_sm90.cuh, moe/fwd_portable.cuh). Routing runs before the
+// launch (the router GEMM and top-k as XLA ops), so the front's route item is
+// the plan histogram of its block.
 //
 // Lanes: every per-warp step (the scatter's ranking, the row copies and the
 // fold of moe/fwd_rows.cuh) works on groups of 32 lanes (kosmos/platform.h
@@ -12,15 +12,19 @@
 // 32`, `warp = threadIdx.x / 32` and 32-wide strides mean the same on both, and
 // a fold group holds one token's k <= 32 rows.
 //
-// Workspace (moe/fwd_ws.h): the control block MoeCtrl and the per-row-block
-// words are zeroed by the launcher before every launch (the buffer is XLA's,
-// fresh per call), so this launch's epoch is 1; everything else is written
-// before it is read.
+// EP = 1: the workspace (moe/fwd_ws.h) holds the control block MoeCtrl and the
+// per-row-block words, zeroed by the launcher before every launch (the buffer
+// is XLA's, fresh per call), so this launch's epoch is 1. EP > 1: the control
+// block, the receive arena and the returned rows are in each rank's symmetric
+// heap (moe/fwd_heap.h), where peers push into them; flags hold epochs there,
+// never reset. Everything else is written before it is read.
 //
-// Memory model: a CTA-wide step's threads write, the CTA barriers, then thread
-// 0 fences and releases (gpu scope: every reader is on this GPU); a waiter's
-// thread 0 acquires and the CTA barriers before anyone reads. Readers through
-// TMA (the engine's producer) acquire themselves and fence to the async proxy.
+// Memory model: a CTA-wide step's threads write (into this GPU's memory or a
+// peer's), the CTA barriers, then thread 0 fences and releases (gpu scope for
+// our own flags, system scope into a peer's block); a waiter's thread 0
+// acquires (system scope for a flag a peer releases) and the CTA barriers
+// before anyone reads. Readers through TMA (the engine's producer) acquire
+// themselves and fence to the async proxy.
 #pragma once
 #include <cstdint>
 
@@ -30,6 +34,7 @@
 #include "moe/fwd_ctl.cuh"
 #include "moe/fwd_rows.cuh"
 #include "moe/fwd_sched.h"
+#include "tp/heap_use.cuh"
 
 namespace kosmos::moe {
 
@@ -84,7 +89,12 @@ struct MoeLocalOps {
   KOSMOS_DEVICE int claim(MoeQueue q) { return bcast(threadIdx.x == 0 ? ctl.claim(q) : 0); }
   KOSMOS_DEVICE bool count(MoeCount k, int i, int target) {
     __syncthreads();  // the CTA's writes before thread 0's acq_rel add
-    if (threadIdx.x == 0) __threadfence();
+    // At EP > 1 the writes may be a peer's memory (a dispatch part), and the CTA
+    // whose add completes the count releases them to that peer: system scope.
+    if (threadIdx.x == 0) {
+      if (s().ep > 1) __threadfence_system();
+      else __threadfence();
+    }
     return bcast(threadIdx.x == 0 ? ctl.count(k, i, target) : 0) != 0;
   }
   KOSMOS_DEVICE void release(MoeFlag f, int home, int i) {
@@ -104,17 +114,22 @@ struct MoeLocalOps {
   KOSMOS_DEVICE void wait_each(MoeFlag f, int n, const Pred& pred) {
     const TraceSpan span;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-      if (pred(i))
-        wait_ge<Scope::kGpu>(ctl.flag(f, i), ctl.e, p().timeout_ns,
-                             {ctl.kernel, s().rank, ctl.cta, moe_flag_name(f), i});
+      if (pred(i)) ctl.spin(f, i);
     __syncthreads();
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceWait, moe_wait_tile(f, 0xfffff));
   }
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return bcast(threadIdx.x == 0 ? ctl.test(f, i) : 0) != 0; }
   KOSMOS_DEVICE const int* ends() { return p().hist; }
   KOSMOS_DEVICE const MoeLayout& layout() { return p().ctrl->layout; }
+  // Control block of rank d: ours, or a peer's (EP > 1).
+  KOSMOS_DEVICE MoeCtrl* ctrl_at(int d) { return d == s().rank ? p().ctrl : p().peer_ctrl[d]; }
+  // CTA 0 first: once the last TP+SP writer of our heap's data region has lost
+  // its readers (no peer pushes into it before this), every rank may send us
+  // this epoch's counts.
   KOSMOS_DEVICE void announce_ready() {
-    if (threadIdx.x == 0) ctl.release(MoeFlag::kReady, 0, s().rank);
+    if (threadIdx.x != 0) return;
+    if (p().heap) heap_use_wait(p().heap, p().timeout_ns, {ctl.kernel, s().rank, ctl.cta, "heap_use", 0});
+    for (int d = 0; d < s().ep; ++d) ctl.release(MoeFlag::kReady, d, s().rank);
   }
   KOSMOS_DEVICE void finish(int grid) {
     __syncthreads();
@@ -157,8 +172,10 @@ struct MoeLocalOps {
     if (threadIdx.x == 0) p().ctrl->start1[n] = total;
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, -1);
   }
+  // Our row of rank d's count table (the release of counts[us] at d follows).
   KOSMOS_DEVICE void send_counts(int d) {
-    for (int e = threadIdx.x; e < E(); e += blockDim.x) p().ctrl->table[d * E() + e] = p().ctrl->plan_counts[e];
+    int* row = ctrl_at(d)->table + s().rank * E();
+    for (int e = threadIdx.x; e < E(); e += blockDim.x) row[e] = p().ctrl->plan_counts[e];
   }
   KOSMOS_DEVICE void scatter(int b);
   // The table [ep][E] and the layout in scratch, the layout copied out.
@@ -166,6 +183,7 @@ struct MoeLocalOps {
   // the layout is two exclusive scans over experts (row blocks, packed return
   // rows); thread 0 walking it in shared memory took ~55 us at E = 128.
   KOSMOS_DEVICE void build_layout() {
+    if (s().ep > 1) return build_layout_ep();
     const TraceSpan span;
     const int n = E(), tile = s().tile_m, cap = s().capacity, words = (int)(sizeof(MoeLayout) / sizeof(int));
     MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch);
@@ -190,10 +208,9 @@ struct MoeLocalOps {
     for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = scratch[i];
     if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, 2 * moe_blocks(s()));
   }
+  KOSMOS_DEVICE void build_layout_ep();
   KOSMOS_DEVICE void push_part(const MoeMove& m);
-  // EP = 1: every unit is our own (its rows stay in the arena), so the
-  // schedule never pushes one; the launcher refuses ep > 1.
-  KOSMOS_DEVICE void push_unit(const MoeUnit&) { trap(); }
+  KOSMOS_DEVICE void push_unit(const MoeUnit& c);
   KOSMOS_DEVICE void fold(int item, int first, int last);
 };
 
@@ -248,31 +265,73 @@ KOSMOS_DEVICE void MoeLocalOps::scatter(int b) {
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, moe_blocks(s()) + b);
 }
 
-// Dispatch part m at EP = 1: our rows for expert m.x from token group m.g,
-// gathered into their arena rows (a warp per row, moe_copy_row). Input gating
-// sends bf16(w * x), the twin's rounding of the scaled row. The last group's
-// part also zeroes the segment's padding rows.
+// moe_build_layout at EP > 1: the exchanged table [ep][E] copied into scratch,
+// then walked by thread 0 there (the peers' segments need every source's
+// counts of every expert; O(ep * E) shared loads), the layout copied out.
+KOSMOS_DEVICE void MoeLocalOps::build_layout_ep() {
+  const TraceSpan span;
+  const int n = s().ep * E(), words = (int)(sizeof(MoeLayout) / sizeof(int));
+  static_assert(kEpMaxRanks * kMaxExperts + sizeof(MoeLayout) / sizeof(int) <= kMoeScratchInts,
+                "the table and the layout fit scratch");
+  int* table = scratch;
+  MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch + kEpMaxRanks * kMaxExperts);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) table[i] = p().ctrl->table[i];
+  __syncthreads();
+  if (threadIdx.x == 0) moe_build_layout(s(), table, L);
+  __syncthreads();
+  int* to = reinterpret_cast<int*>(&p().ctrl->layout);
+  const int* from = reinterpret_cast<const int*>(L);
+  for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = from[i];
+  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceIdle, 2 * moe_blocks(s()));
+}
+
+// Combine unit c at EP > 1 (c.dst is a peer): our expert c.x's output rows for
+// source c.dst, one contiguous run of our y_rows, into c.dst's returned rows at
+// its packed start of the expert (a warp per row); the caller's release of
+// returned[e] at c.dst follows the barrier.
+KOSMOS_DEVICE void MoeLocalOps::push_unit(const MoeUnit& c) {
+  const TraceSpan span;
+  int row;
+  const int rows = moe_unit_rows(s(), layout(), c, &row), H = p().H;
+  const int at = layout().ret[c.dst * s().e_local + c.x];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < rows; r += blockDim.x / 32)
+    moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().y_rows + (size_t)(row + r) * H),
+                 reinterpret_cast<uint4*>(p().peer_ret[c.dst] + (size_t)(at + r) * H), H / 8, lane, false, 1.f);
+  __syncthreads();
+  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (c.x * s().ep + c.dst) | 1 << 30);
+}
+
+// Dispatch part m: our rows for expert m.dst * E_l + m.x from token group m.g,
+// gathered into their rows of rank m.dst's arena (our own at EP = 1; a peer's
+// heap otherwise), a warp per row (moe_copy_row). Input gating sends
+// bf16(w * x), the twin's rounding of the scaled row. The segment's padding
+// rows become zeros, written by the last group's part of the last source with
+// rows in it (so before the arrival that GEMM1's last row block of the segment
+// waits on): their products are then zeros, and the backward's weight
+// gradients contract whole row blocks of them.
 KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
   const TraceSpan span;
   const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H;
   int begin, end;
   moe_part_rows(s(), ends(), m, &begin, &end);
   const int at = layout().dst[ex], start = p().ctrl->start1[ex];
+  bf16_t* arena = m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = begin + warp; r < end; r += blockDim.x / 32) {
     const int q = p().order[start + r];
     const uint4* from = reinterpret_cast<const uint4*>(p().x + (size_t)(q / k) * H);
-    uint4* to = reinterpret_cast<uint4*>(p().arena + (size_t)(at + r) * H);
+    uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(at + r) * H);
     moe_copy_row(from, to, H / 8, lane, p().input_gating != 0, p().input_gating ? p().weights[q] : 1.f);
   }
-  // The segment's padding rows become zeros (the last group's part, before the
-  // expert's arrival is released): their products are then zeros, and the
-  // backward's weight gradients contract whole row blocks of them.
   if (m.g == s().groups - 1) {
-    const int rows = moe_src(s(), layout(), m.x, s().ep), padded = (layout().rb[m.x + 1] - layout().rb[m.x]) * s().tile_m;
-    for (int r = rows + warp; r < padded; r += blockDim.x / 32) {
-      uint4* to = reinterpret_cast<uint4*>(p().arena + (size_t)(at + r) * H);
-      for (int v = lane; v < H / 8; v += 32) to[v] = make_uint4(0, 0, 0, 0);
+    const MoeSegment g = moe_segment(s(), p().ctrl->table, ex, s().rank);
+    if (g.last_src == s().rank) {
+      const int base = at - g.before, padded = moe_cdiv(g.rows, s().tile_m) * s().tile_m;
+      for (int r = g.rows + warp; r < padded; r += blockDim.x / 32) {
+        uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(base + r) * H);
+        for (int v = lane; v < H / 8; v += 32) to[v] = make_uint4(0, 0, 0, 0);
+      }
     }
   }
   __syncthreads();
@@ -282,23 +341,37 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
 // Fold item: tokens [first, last), a warp per token (moe_fold_row): its k
 // routed rows, then (lane k) its shared expert row with weight 1, the twin's
 // order (reference.moe_forward: fold, then + y_s). Also turns each pair's pos
-// into its row of y_rows (pair_row, for the backward).
+// into its row of y_rows (pair_row, for the backward). At EP > 1 a pair whose
+// expert lives on a peer came back into our returned rows: the warp first
+// copies it into y_rows past the R + S rows (its residual row), then folds
+// from y_rows alone.
 KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   const TraceSpan span;
-  const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0);
+  const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0), tail = p().rbs * s().tile_m;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int tok = first + warp; tok < last; tok += blockDim.x / 32) {
     const int* idx = p().indices + (size_t)tok * k;
-    int row = 0;
+    int row = 0, ret = -1;
     float wt = 0.f;
     if (lane < k) {
       int* pr = p().pair_row + (size_t)tok * k + lane;
-      row = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], *pr).row;
+      const MoeRowRef ref = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], *pr);
+      row = ref.local ? ref.row : tail + ref.row;
+      ret = ref.local ? -1 : ref.row;
       *pr = row;
       wt = p().input_gating ? 1.f : p().weights[(size_t)tok * k + lane];
     } else if (lane < slots) {
       row = s().shared_rb0 * s().tile_m + tok;
       wt = 1.f;
+    }
+    if (s().ep > 1) {
+      for (int j = 0; j < k; ++j) {
+        const int rj = lanes32_shfl(ret, j);
+        if (rj >= 0)
+          moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().peer_ret[s().rank] + (size_t)rj * H),
+                                reinterpret_cast<uint4*>(p().y_rows + (size_t)(tail + rj) * H), H / 8, lane, false, 1.f);
+      }
+      lanes32_sync();  // the warp's copies before its fold reads them
     }
     bf16_t* y = p().y + (size_t)tok * H;
     // Two vectors per lane at most: four (32 fp32 sums, 8 vectors in flight) spill at

@@ -12,16 +12,30 @@
 
 namespace kosmos::moe {
 
+// A 16-byte load of a row this launch wrote (another CTA's GEMM output, a
+// peer's push): from L2, never a read-only or L1 line an earlier read of the
+// same address left behind (the acquire that preceded it orders, this keeps it
+// fresh). HIP's plain load is coherent at this scope.
+KOSMOS_DEVICE uint4 moe_load_fresh(const uint4* p) {
+#if defined(KOSMOS_CUDA)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
 // One row of `vecs` 16-byte vectors (8 bf16 each) copied by one warp, kDepth
 // vectors per lane in flight; with `scale`, each element becomes bf16(w * x)
-// (input gating: the twin rounds the scaled row once).
-template <int kDepth = 8>
+// (input gating: the twin rounds the scaled row once). kFresh: the row was
+// written during this launch (moe_load_fresh), else it is a launch input,
+// read through the read-only cache.
+template <int kDepth = 8, bool kFresh = false>
 KOSMOS_DEVICE void moe_copy_row(const uint4* from, uint4* to, int vecs, int lane, bool scale, float w) {
   for (int v0 = lane; v0 < vecs; v0 += 32 * kDepth) {
     uint4 u[kDepth];
 #pragma unroll
     for (int i = 0; i < kDepth; ++i)
-      if (v0 + 32 * i < vecs) u[i] = __ldg(from + v0 + 32 * i);
+      if (v0 + 32 * i < vecs) u[i] = kFresh ? moe_load_fresh(from + v0 + 32 * i) : __ldg(from + v0 + 32 * i);
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
       if (v0 + 32 * i >= vecs) continue;

@@ -157,7 +157,7 @@ template <class Cfg>
 cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
                                 const void* sw2, int grid, cudaStream_t stream) {
   using sm90::make_operand_tma;
-  const int R = m.s.shared_rb0 * Cfg::kBM, RS = m.rbs * Cfg::kBM, H = m.H, I = m.I, E = moe_experts(m.s);
+  const int R = m.s.shared_rb0 * Cfg::kBM, RS = m.rbs * Cfg::kBM, H = m.H, I = m.I, E = m.s.e_local;
   const bool shared = m.s.shared_blocks > 0;
   const auto* pw1 = static_cast<const sm90::bf16*>(w1);
   const auto* pw2 = static_cast<const sm90::bf16*>(w2);

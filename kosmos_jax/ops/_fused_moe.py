@@ -154,7 +154,8 @@ def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, share
   return jax.ffi.ffi_lowering(TARGET)(
       ctx, x, indices, weights, w1, w2, sw1, sw2, input_gating=np.int64(input_gating), shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
-      switching=np.int64(switching))
+      switching=np.int64(switching), groups=np.zeros((0,), np.int64), ep=np.int64(1),
+      slots=np.zeros((0,), np.int64))
 
 
 moe_forward_p.def_abstract_eval(_abstract)

@@ -19,7 +19,7 @@ def _module():
 
 
 def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, transports=("pull",), knob=-1, switching=True,
-        stage_bf16=False, band_rows=1, heap_mb=256, check=True, ordinal=0, m_local=0):
+        stage_bf16=False, band_rows=1, heap_mb=256, check=True, ordinal=0, m_local=0, moe=None):
   """Runs `calls` calls; call i runs ops[i % len(ops)] on input set
   (i // len(ops)) % len(inputs) with transport transports[i % len(transports)].
 
@@ -38,13 +38,17 @@ def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, transports=("pull",), kno
   neither poisoned nor kept and both lists are empty. m_local (AG ops): rows per
   batch of a rank's shard (0: one batch); the gathered rows are then laid out
   batch-major, as all_gather_rows over a leading batch dim does.
+
+  moe (op "moe_forward", tp = the EP group's ranks, rows = tokens per rank, k =
+  hidden): (num_experts, top_k, expert_intermediate, input_gating); knob is then
+  the movers (-1: the kernel's rule).
   """
   names = _names(transports)
   runtime.init()  # prepares the kernels on every local device
   ins = [[[np.ascontiguousarray(a).tobytes() for a in rank] for rank in s] for s in inputs]
   return _module().loopback_run(
       ordinal, list(ops), tp, rows, k, n, cu_cap, knob, int(switching), int(stage_bf16), band_rows,
-      names, calls, heap_mb << 20, ins, int(check), int(m_local))
+      names, calls, heap_mb << 20, ins, int(check), int(m_local), [int(v) for v in (moe or ())])
 
 
 def _names(transports) -> list[str]:
