@@ -45,7 +45,9 @@ class _KernelTwin:
   token order; each pair's expert output; the fold (slot order, fp32, then the shared
   expert's row), rounded once."""
 
-  def bind(self, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
+  def bind(self, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
+           axis_name, ep):
+    assert ep == 1 and axis_name is None, "the twin is the EP = 1 contract"
     t, k = indices.shape
     e, h = w1.shape[0], x.shape[1]
     flat = indices.reshape(-1)
@@ -121,10 +123,26 @@ def _abstract_call(cfg, ep, dtype=BF16, launch=None, impl="fused"):
   return jax.eval_shape(f, *structs)
 
 
-def test_ep_above_one_is_not_implemented(no_gpu_needed):
-  with pytest.raises(NotImplementedError, match=r"moe_forward: the fused MoE forward runs at EP = 1 only so far "
-                                                r"\(the axis_name axis has size 2\); use impl='reference'"):
-    _abstract_call(SOFTMAX, 2)
+def test_ep2_traces_with_the_returned_rows(no_gpu_needed):
+  """At EP > 1 the launch is the same primitive over the EP group: y keeps its shape."""
+  out = _abstract_call(SOFTMAX, 2)
+  assert out[0].shape == (T, SOFTMAX.hidden), out
+
+
+def test_fused_sizes_at_ep_above_one():
+  """A rank's arena holds every pair any source can send it (t * min(k, E_l) each);
+  the returned rows every pair of ours; the workspace drops the arena (heap-resident)."""
+  from kosmos_jax.ops import _fused_moe as fm
+  assert fm.arena_rows(256, 4, 16, 8) == -(-(8 * 256 * 2 + 2 * 127) // 128) * 128
+  assert fm.arena_rows(384, 4, 16, 1) == fm.arena_rows(384, 4, 16)
+  assert fm.return_rows(256, 4, 16, 1) == 0 and fm.return_rows(256, 4, 16, 2) == 1024
+  r = fm.arena_rows(256, 4, 16, 2)
+  assert (fm.workspace_bytes(256, 4, 16, 256, 128, False, 1) - fm.workspace_bytes(256, 4, 16, 256, 128, False, 2)
+          == fm._roundup(fm.arena_rows(256, 4, 16) * 256 * 2, fm.ALIGN)
+          + sum(fm._roundup(n, fm.ALIGN) for n in ((fm.arena_rows(256, 4, 16) // 128) * 32,
+                                                 fm.arena_rows(256, 4, 16) * 4, fm.arena_rows(256, 4, 16) * 128 * 2,
+                                                 fm.arena_rows(256, 4, 16) * 2 * 128 * 2))
+          - sum(fm._roundup(n, fm.ALIGN) for n in ((r // 128) * 32, r * 4, r * 128 * 2, r * 2 * 128 * 2)))
 
 
 @pytest.mark.parametrize("change,match", [
@@ -526,7 +544,7 @@ def _auto_choice(monkeypatch, cfg, t, ep=1, dtype=BF16, precision=None):
     ("few_pairs", 504, r"t=504 tokens x top_k=2 route 126 pairs to each of num_experts=8 on average"),
     ("ampere", 512, r"measured faster only with its Hopper builders"),
     ("portable", 512, r"measured faster only with its Hopper builders"),
-    ("ep2", 512, r"runs at EP = 1 only so far"),
+    ("ep2", 512, r"at EP > 1 the fused MoE layer has been run only as loopback ranks"),
     ("fp32", 512, r"x.dtype=float32 is not supported"),
     ("precision", 512, r"precision=.*HIGHEST.* asks for the twin"),
 ])

@@ -4,10 +4,11 @@ The rule's forward / backward are exactly the two per-device ops the megakernels
 implement (`ops.moe_forward`, `ops.moe_backward`, paper §3.3.1 / §3.3.2), so a kernel
 replaces the inside of the rule and nothing a user sees changes.
 
-Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel (EP = 1 so far)
-and the backward its own (EP = 1) on the fused forward's residuals: both
-directions fused. Where ops.moe_backward has no fused kernel at all (an extension
-without it, no usable GPU), the twin's backward runs on those residuals instead.
+Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel and, at EP = 1,
+the backward its own on the fused forward's residuals: both directions fused. At
+EP > 1 (no fused backward yet), and where ops.moe_backward has no fused kernel at all
+(an extension without it, no usable GPU), the twin's backward runs on those residuals
+instead.
 """
 from __future__ import annotations
 
@@ -48,11 +49,13 @@ def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, conf
   return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
 
 
-def _backward_impl(impl):
+def _backward_impl(impl, axis_name):
   """The backward's path: `impl`, except that where ops.moe_backward's fused kernel
-  cannot run at all (not compiled, no usable GPU) a fused forward is paired with the
-  twin's backward (which reads the fused forward's residuals), rather than a backward
-  that raises."""
+  cannot run at all (not compiled, no usable GPU, EP > 1) a fused forward is paired
+  with the twin's backward (which reads the fused forward's residuals), rather than a
+  backward that raises."""
+  if _compat.axis_size(axis_name) > 1:
+    return "reference"
   return impl if ops.fused_status("moe_backward")[0] else "reference"
 
 
@@ -62,7 +65,7 @@ def _moe_bwd(config, axis_name, impl, precision, cu_cap, launch, saved, cts):
   primals = (res.x, router_w, gate_up, down, shared_gate_up, shared_down)
   dy = _compat.pvary_to(dy, _compat.vma(res.x))
   grads = ops.moe_backward(res, dy, daux, router_w, gate_up, down, shared_gate_up, shared_down,
-                           config=config, axis_name=axis_name, impl=_backward_impl(impl),
+                           config=config, axis_name=axis_name, impl=_backward_impl(impl, axis_name),
                            precision=precision, cu_cap=cu_cap)
   # Replicated weights (router, shared expert) got per-rank partial gradients: sum them.
   grads = tuple(None if g is None else _compat.reduce_to_vma(g, _compat.vma(p))
@@ -108,7 +111,7 @@ def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, preci
       checks it and ignores it).
     launch: kernel_config.MoeLaunch, the fused forward's movers and role switching
       (None: its defaults; the reference path checks its type and ignores it).
-      The fused forward runs at EP = 1 only so far; its backward is the twin's.
+      At EP > 1 the fused forward's backward is the twin's (no fused backward there yet).
     return_stats: also return this step's `RoutingStats` (per-expert counts, max
       load, capacity fill, whether the dropless fallback ran), over the EP group.
   Returns:

@@ -1,7 +1,12 @@
-"""Fused MoE forward behind kosmos_jax.ops.moe_forward (EP = 1): the `kosmos_moe_forward`
-FFI target (csrc/moe_fwd_cuda.cu), one persistent launch that plans the (token, slot)
-pairs, gathers their token rows into expert-major arena rows, and runs GEMM1 with its
-SwiGLU epilogue, GEMM2, the shared expert's tiles and the fold (kernels/moe/fwd_sched.h).
+"""Fused MoE forward behind kosmos_jax.ops.moe_forward: the `kosmos_moe_forward` FFI
+target (csrc/moe_fwd_cuda.cu), one persistent launch that plans the (token, slot) pairs,
+gathers their token rows into expert-major arena rows, and runs GEMM1 with its SwiGLU
+epilogue, GEMM2, the shared expert's tiles and the fold (kernels/moe/fwd_sched.h).
+At EP > 1 (the axis_name axis of a jax.shard_map over a concrete mesh, one host's
+GPUs) the same launch on every rank pushes its rows into the owners' arenas and the
+expert outputs back, through the ranks' symmetric heaps (kernels/moe/fwd_heap.h; its
+size: KOSMOS_HEAP_MB, and the handler names what a call needs). At EP > 1 there is no
+fused backward yet: moe_layer pairs this forward with the twin's backward.
 Any CUDA GPU: the expert GEMMs run on the Hopper tile engine on compute capability 9.0
 and on the portable one elsewhere (and everywhere with KOSMOS_FUSED_BUILDERS=portable);
 the handler counts which ran (kosmos_jax.testing.builder_runs()["moe_forward"]).
@@ -23,22 +28,24 @@ routed pre-activations, in the arena's order, which the fused backward
 (kosmos_jax/ops/_fused_moe_bwd.py) reads; the twin's backward ignores ws and recomputes
 the expert rows by the dropless pass.
 
-No capacity: at EP = 1 the kernel's arena holds every pair (R rows below), so it never
-falls back. The layout, and so routing_stats' capacity_fill and dropless_fallback,
+No capacity: the kernel's arena holds every pair a rank can receive (R rows below), so
+it never falls back and never drops. The layout, and so routing_stats' capacity_fill and dropless_fallback,
 still say what the twin's capped buffers would have done with this routing.
 
 The FFI contract (kosmos_moe_forward, platform CUDA):
   operands  x [t, h] bf16; indices [t, k] int32 (Routing.indices); weights [t, k] f32
-            (Routing.weights); w1 [E, h, 2I] bf16 (gate_up, gate then up, a free
-            reshape); w2 [E, I, h] bf16 (down); sw1 [h, 2I] and sw2 [I, h] bf16, the
+            (Routing.weights); w1 [E_l, h, 2I] bf16 (this rank's gate_up, gate then up,
+            a free reshape); w2 [E_l, I, h] bf16 (down); sw1 [h, 2I] and sw2 [I, h] bf16, the
             shared expert's, when shared = 1, else (1,) bf16 arrays the kernel ignores.
   attrs     (int64) input_gating: 1 for MoEConfig.gating == "input" (each dispatched
             row scaled by its weight and rounded to bf16, as the twin's
             _expert_inputs, then folded with weight 1); shared; cu_cap (0: no cap;
             the grid is min(SMs, cu_cap)); movers (-1: the kernel's rule); switching
-            (1 by default; 0: a fixed mover crew).
-  results   y [t, h] bf16; y_rows [R + S, h] bf16, every pair's expert output row in
-            arena order, then the shared expert's S = shared_rows(t) (token order);
+            (1 by default; 0: a fixed mover crew); groups (the mesh's EP groups of
+            global device ids), ep, slots (their control slots), as the TP+SP ops.
+  results   y [t, h] bf16; y_rows [R + S + P, h] bf16, every pair's expert output row
+            in arena order, then the shared expert's S = shared_rows(t) (token order),
+            then at EP > 1 the P = return_rows rows our pairs got back from their owners;
             pair_row [t, k] int32, the row of y_rows holding pair (token, slot);
             hs [t, 2I] bf16, the shared expert's pre-activations (shared = 1, else
             (1,)); ws [W] uint8 (arena_rows, workspace_bytes): scratch, and the
@@ -67,6 +74,7 @@ TARGET = "kosmos_moe_forward"
 TILE_ROWS = 128
 BLOCK_TOKENS = 128
 MAX_EXPERTS = 512
+MAX_EP = 8  # kernels/moe/fwd_layout.h kEpMaxRanks: an EP group is the GPUs of one host
 MAX_TOP_K = 32  # the fold's warp holds one token's k rows (and the shared expert's: 31 then)
 # The Hopper engine's k-blocks of h (GEMM1's contraction, GEMM2's column blocks) and
 # the SwiGLU pairs of GEMM1's column blocks (gate and up halves of one tile). The
@@ -82,12 +90,19 @@ def _roundup(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def arena_rows(t: int, k: int, e: int) -> int:
-  """R, the rows of y_rows: a dropless arena at EP = 1, every pair a row (a token
-  picks an expert at most once, so t * min(k, E) of them) and each of the E expert
-  segments padded up to TILE_ROWS (at most TILE_ROWS - 1 rows each), rounded to a
-  whole row block."""
-  return _roundup(t * min(k, e) + e * (TILE_ROWS - 1), TILE_ROWS)
+def arena_rows(t: int, k: int, e: int, ep: int = 1) -> int:
+  """R, a rank's arena rows: dropless, every pair any of the ep sources can send it a
+  row (a token picks an expert at most once, so t * min(k, E_l) per source, E_l = e /
+  ep) and each of the E_l expert segments padded up to TILE_ROWS (at most TILE_ROWS - 1
+  rows each), rounded to a whole row block."""
+  el = e // ep
+  return _roundup(ep * t * min(k, el) + el * (TILE_ROWS - 1), TILE_ROWS)
+
+
+def return_rows(t: int, k: int, e: int, ep: int = 1) -> int:
+  """P, the rows our pairs come back in at EP > 1 (every pair of ours: t * min(k, E)),
+  copied into y_rows after its R + S rows; 0 at EP = 1."""
+  return t * min(k, e) if ep > 1 else 0
 
 
 def shared_rows(t: int, shared: bool) -> int:
@@ -96,25 +111,25 @@ def shared_rows(t: int, shared: bool) -> int:
   return _roundup(t, TILE_ROWS) if shared else 0
 
 
-def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool) -> int:
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool, ep: int = 1) -> int:
   """W, the scratch bytes of one launch; the C++ handler refuses a smaller ws, naming
   both sizes. In order: the control block; 32 bytes of flags per row block; the plan's
   per-(token block, expert) counts; each arena row's pair; the gathered token rows
-  (bf16 [R, h], padding rows zero); the SwiGLU activations (bf16 [R + S, I]); the
-  routed rows' pre-activations (bf16 [R, 2I], gate | up). The last three are what a
-  backward over the same routing reuses (kernels/moe/fwd_ws.h)."""
-  r, s, nb = arena_rows(t, k, e), shared_rows(t, shared), -(-t // BLOCK_TOKENS)
+  (bf16 [R, h], padding rows zero; EP = 1 only: at EP > 1 the arena is in the heap);
+  the SwiGLU activations (bf16 [R + S, I]); the routed rows' pre-activations (bf16
+  [R, 2I], gate | up). The last three are what a backward over the same routing
+  reuses (kernels/moe/fwd_ws.h)."""
+  r, s, nb = arena_rows(t, k, e, ep), shared_rows(t, shared), -(-t // BLOCK_TOKENS)
   al = lambda n: _roundup(n, ALIGN)
-  return (al(CTRL_BYTES) + al((r + s) // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4) + al(r * h * 2)
-          + al((r + s) * i * 2) + al(r * 2 * i * 2))
+  return (al(CTRL_BYTES) + al((r + s) // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4)
+          + (al(r * h * 2) if ep == 1 else 0) + al((r + s) * i * 2) + al(r * 2 * i * 2))
 
 
 def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
   """What the fused forward runs, refused before lowering with the values named."""
-  if ep != 1:
-    raise NotImplementedError(
-        f"{op}: the fused MoE forward runs at EP = 1 only so far (the axis_name axis has size "
-        f"{ep}); use impl='reference' (or KOSMOS_IMPL=reference) at EP > 1")
+  if ep > MAX_EP:
+    raise ValueError(f"{op} (fused): the axis_name axis has size {ep}; the fused MoE forward's EP group is "
+                     f"at most {MAX_EP} GPUs of one host (impl='reference' runs any size)")
   if jnp.dtype(x.dtype) != jnp.dtype(jnp.bfloat16):
     raise ValueError(f"{op} (fused): x.dtype={jnp.dtype(x.dtype)} is not supported; the fused MoE "
                      "forward runs bfloat16 only (impl='reference' runs any float dtype)")
@@ -138,24 +153,35 @@ moe_forward_p = Primitive(TARGET)
 moe_forward_p.multiple_results = True
 
 
-def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
+def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
+              axis_name, ep):
   # Every result typed like x (dtype aside): the operands were given one varying-axes
   # type, the union of theirs, before the bind.
   t, h = x.shape
-  k, (e, _, two_i) = indices.shape[1], w1.shape
-  r, s = arena_rows(t, k, e), shared_rows(t, shared)
-  return (x.update(shape=(t, h)), x.update(shape=(r + s, h)),
+  k, (el, _, two_i) = indices.shape[1], w1.shape
+  e = el * ep
+  r, s, p = arena_rows(t, k, e, ep), shared_rows(t, shared), return_rows(t, k, e, ep)
+  return (x.update(shape=(t, h)), x.update(shape=(r + s + p, h)),
           x.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
           x.update(shape=(t, two_i) if shared else (1,)),
-          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared),), dtype=jnp.dtype(jnp.uint8)))
+          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared, ep),), dtype=jnp.dtype(jnp.uint8)))
 
 
-def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching):
+def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
+              axis_name, ep):
+  none = np.zeros((0,), np.int64)
+  groups, slots = none, none
+  if ep > 1:  # the EP groups of the mesh (jax.shard_map's), as the TP+SP ops take theirs
+    from kosmos_jax.ops._fused_tp import _mesh_of
+    g = runtime.groups_from_mesh(_mesh_of(ctx, TARGET), axis_name)
+    if g.shape[1] != ep:
+      raise ValueError(f"{TARGET}: group size {g.shape[1]} from the mesh != axis size {ep}")
+    runtime.check_groups(TARGET, g)
+    groups, slots = np.ascontiguousarray(g.reshape(-1), np.int64), runtime.ctrl_slots(g)
   return jax.ffi.ffi_lowering(TARGET)(
       ctx, x, indices, weights, w1, w2, sw1, sw2, input_gating=np.int64(input_gating), shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
-      switching=np.int64(switching), groups=np.zeros((0,), np.int64), ep=np.int64(1),
-      slots=np.zeros((0,), np.int64))
+      switching=np.int64(switching), groups=groups, ep=np.int64(ep), slots=slots)
 
 
 moe_forward_p.def_abstract_eval(_abstract)
@@ -163,16 +189,17 @@ mlir.register_lowering(moe_forward_p, _lowering, platform="cuda")
 
 
 def launch_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gating: bool, cu_cap=None,
-                  launch: MoeLaunch = MoeLaunch()):
+                  launch: MoeLaunch = MoeLaunch(), axis_name=None):
   """The launch alone, on routing made elsewhere: (y [t, h], y_rows [R + S, h],
   pair_row [t, k], hs [t, 2I] or None); sw1 [h, 2I] and sw2 [I, h] bf16, the shared
   expert's weights, or None (no shared expert). The tests reach it through
   kosmos_jax.testing.moe_forward_kernel."""
   return _launch(x, indices, weights, w1, w2, sw1, sw2, input_gating=input_gating, cu_cap=cu_cap,
-                 launch=launch)[:4]
+                 launch=launch, axis_name=axis_name)[:4]
 
 
-def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap, launch: MoeLaunch):
+def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap, launch: MoeLaunch,
+            axis_name=None):
   """launch_kernel's four results and the workspace ws (the fused backward's residual)."""
   if not _ext.has_target(TARGET, "cuda"):
     raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the "
@@ -189,9 +216,10 @@ def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap
   ops_ = tuple(_compat.pvary_to(a, both) for a in ops_)
   # Bound directly (as the TP+SP ops are): inside shard_map even an eager call runs
   # each primitive under jit, so it needs no impl rule of its own.
+  ep = 1 if axis_name is None else int(_compat.axis_size(axis_name))
   y, y_rows, pair_row, hs, ws = moe_forward_p.bind(
       *ops_, input_gating=int(bool(input_gating)), shared=int(shared), cu_cap=cu_cap, movers=launch.movers,
-      switching=int(launch.switching))
+      switching=int(launch.switching), axis_name=axis_name if ep > 1 else None, ep=ep)
   return y, y_rows, pair_row, hs if shared else None, ws
 
 
@@ -205,18 +233,22 @@ def xla_part(x, router_w, bias=None, *, config: MoEConfig, axis_name):
 
 def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
                       config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch()):
-  """ops.moe_forward in one launch at EP = 1 (operands validated by ops.moe_forward):
-  (y [t, h] bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns
-  them, the residuals without dispatched rows (xr = h1 = None)."""
+  """ops.moe_forward in one launch (operands validated by ops.moe_forward): (y [t, h]
+  bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns them, the
+  residuals without dispatched rows (xr = h1 = None), and at EP > 1 without the
+  workspace (no fused backward reads it there)."""
   op = "moe_forward"
-  check_fused(op, x, config, int(_compat.axis_size(axis_name)))
+  ep = int(_compat.axis_size(axis_name))
+  check_fused(op, x, config, ep)
   routing, aux = xla_part(x, router_w, bias, config=config, axis_name=axis_name)
   layout = ref.plan(routing.indices, num_experts=config.num_experts, capacity=config.capacity(x.shape[0]),
                     axis_name=axis_name)
   output_gated = config.gating == "output"
   sw1 = None if shared_gate_up is None else ref._flat(shared_gate_up)
   y, y_rows, pair_row, hs, ws = _launch(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
-                                        shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch)
+                                        shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch,
+                                        axis_name=axis_name)
+  ws = ws if ep == 1 else None
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)
@@ -258,6 +290,9 @@ def auto_rule(x, *_, config: MoEConfig, axis_name, precision=None) -> str:
   why = refusal(check_fused, "moe_forward", x, config, int(_compat.axis_size(axis_name)), precision=precision)
   if why:
     return why
+  if int(_compat.axis_size(axis_name)) > 1:
+    return ("at EP > 1 the fused MoE layer has been run only as loopback ranks on one GPU, never measured across "
+            "GPUs against the reference layer (issue 29); impl='fused' runs it")
   if not hopper_builders_here():
     return "the fused MoE layer was measured faster only with its Hopper builders (compute capability 9.0)"
   t, k, e = x.shape[0], config.top_k, config.num_experts

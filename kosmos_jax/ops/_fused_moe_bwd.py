@@ -64,6 +64,10 @@ def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool) -> int
 
 def check_fused(op: str, res, config: MoEConfig, ep: int) -> None:
   """What the fused backward runs, refused before lowering with the values named."""
+  if ep != 1:
+    raise NotImplementedError(
+        f"{op}: the fused MoE backward runs at EP = 1 only so far (the axis_name axis has size {ep}); "
+        "use impl='reference' for the backward at EP > 1 (moe_layer and nn.MoE do so after a fused forward)")
   fwd.check_fused(op, res.x, config, ep)
   if config.hidden % HIDDEN_MULTIPLE:
     raise ValueError(f"{op} (fused): hidden={config.hidden} must be a multiple of {HIDDEN_MULTIPLE} (the weight "

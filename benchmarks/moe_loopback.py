@@ -1,0 +1,96 @@
+"""The MoE forward megakernel at EP > 1 as loopback ranks on one GPU (the cost view of
+issue 27: no byte crosses NVLink, every rank shares one GPU's SMs and HBM).
+
+Per preset and EP size: ep ranks of `tokens` tokens each, balanced routing, no shared
+expert, each rank a concurrent launch with its own heap (kosmos_jax.testing.loopback),
+against the same ep * tokens tokens through one EP = 1 launch with every expert: the
+same FLOPs and rows on the same GPU, so the ratio is what the EP protocol costs beyond
+the layer itself (count exchange, pushes into peers' heaps, returned rows, the fold's
+copies, ranks' CTAs split ep ways). Experts reduced as benchmarks/moe.py reduces them.
+
+  python3 benchmarks/moe_loopback.py --presets qwen3-30b-a3b --eps 2,8 --tokens 2048
+Writes benchmarks/results/moe_loopback_h200.csv (or --out) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kosmos_jax import moe
+from kosmos_jax.testing import loopback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _balanced(rng, t, k, e):
+  """indices [t, k]: every expert about t * k / e pairs, distinct per token."""
+  idx = np.stack([(np.arange(k) + rng.integers(e)) % e for _ in range(t)]).astype(np.int32)
+  return idx, rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
+
+
+def _inputs(rng, ranks, t, k, e, h, i):
+  bf = lambda a: np.asarray(a, np.float32).astype(jnp.bfloat16)
+  w1 = bf(rng.normal(0, 0.02, (e, h, 2 * i)))
+  w2 = bf(rng.normal(0, 0.02, (e, i, h)))
+  el = e // ranks
+  out = []
+  for r in range(ranks):
+    idx, w = _balanced(rng, t, k, e)
+    out.append([bf(rng.normal(0, 1, (t, h))), idx, w, w1[r * el:(r + 1) * el], w2[r * el:(r + 1) * el]])
+  return [out]
+
+
+def _ms(ranks, t, k, e, h, i, ins, cap, calls, heap_mb):
+  kw = dict(cu_cap=cap, check=False, heap_mb=heap_mb, moe=(e, k, i, 0))
+  loopback.run(["moe_forward"], ranks, t, h, 0, ins, calls=3, **kw)  # warm-up
+  _, _, sec = loopback.run(["moe_forward"], ranks, t, h, 0, ins, calls=calls, **kw)
+  return 1e3 * sec / calls
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--presets", default="qwen3-30b-a3b")
+  ap.add_argument("--eps", default="2,8")
+  ap.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
+  ap.add_argument("--max-experts", type=int, default=128, help="experts kept (per-expert shapes unchanged)")
+  ap.add_argument("--calls", type=int, default=20)
+  ap.add_argument("--out", default=os.path.join(HERE, "results", "moe_loopback_h200.csv"))
+  args = ap.parse_args()
+  sms = jax.devices("gpu")[0].core_count
+  rows = []
+  for name in args.presets.split(","):
+    cfg = moe.PRESETS[name]
+    e, k, h, i = min(cfg.num_experts, args.max_experts), cfg.top_k, cfg.hidden, cfg.expert_intermediate
+    for ep in (int(v) for v in args.eps.split(",")):
+      rng = np.random.default_rng(ep)
+      t = args.tokens
+      ins = _inputs(rng, ep, t, k, e, h, i)
+      need = 16 + (ep * t * min(k, e // ep) + e * 128) * h * 2 // 2**20 + t * k * h * 2 // 2**20 + 64
+      t0 = time.time()
+      lb = _ms(ep, t, k, e, h, i, ins, sms // ep, args.calls, need)
+      # The same ep * t tokens with every expert, one EP = 1 launch on the whole GPU.
+      x1 = np.concatenate([r[0] for r in ins[0]]), np.concatenate([r[1] for r in ins[0]])
+      w = np.concatenate([r[2] for r in ins[0]])
+      w1 = np.concatenate([r[3] for r in ins[0]]), np.concatenate([r[4] for r in ins[0]])
+      one = _ms(1, ep * t, k, e, h, i, [[[x1[0], x1[1], w, w1[0], w1[1]]]], sms, args.calls, 64)
+      flops = 2 * ep * t * k * h * 3 * i
+      rows.append(dict(preset=name, experts=e, ep=ep, tokens_per_rank=t, loopback_ms=round(lb, 4),
+                       ep1_ms=round(one, 4), ratio=round(lb / one, 4), ep1_tflops=round(flops / one / 1e9, 1),
+                       date=time.strftime("%Y-%m-%d"), commit=os.environ.get("KOSMOS_COMMIT", "")))
+      print(f"{name} E={e} ep={ep} t={t}/rank: loopback {lb:.3f} ms, EP=1 on {ep * t} tokens {one:.3f} ms, "
+            f"ratio {lb / one:.3f} ({time.time() - t0:.0f} s)", flush=True)
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w", newline="") as f:
+    wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+    wr.writeheader()
+    wr.writerows(rows)
+
+
+if __name__ == "__main__":
+  main()
