@@ -85,8 +85,12 @@ def main():
                        date=time.strftime("%Y-%m-%d"), commit=os.environ.get("KOSMOS_COMMIT", "")))
       print(f"{name} E={e} ep={ep} t={t}/rank: loopback {lb:.3f} ms, EP=1 on {ep * t} tokens {one:.3f} ms, "
             f"ratio {lb / one:.3f} ({time.time() - t0:.0f} s)", flush=True)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w", newline="") as f:
+      _write(args.out, rows)  # after every row: a run cut short keeps what it measured
+
+
+def _write(path, rows):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", newline="") as f:
     wr = csv.DictWriter(f, fieldnames=list(rows[0]))
     wr.writeheader()
     wr.writerows(rows)
