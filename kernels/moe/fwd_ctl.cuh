@@ -141,10 +141,18 @@ struct MoeCtl {
   KOSMOS_DEVICE uint64_t acquire(MoeFlag f, int i) const {
     return sys(f) ? load_acquire<Scope::kSys>(flag(f, i)) : load_acquire<Scope::kGpu>(flag(f, i));
   }
+  // One poll loop whatever the scope (one timeout report per wait site: HIP's
+  // resource bounds, tests/hip/resource_bounds.txt, count them).
   KOSMOS_DEVICE void spin(MoeFlag f, int i) const {
-    const WaitSite site{kernel, p->s.rank, cta, moe_flag_name(f), i};
-    if (sys(f)) wait_ge<Scope::kSys>(flag(f, i), e, p->timeout_ns, site);
-    else wait_ge<Scope::kGpu>(flag(f, i), e, p->timeout_ns, site);
+    const uint64_t* fl = flag(f, i);
+    const bool at_sys = sys(f);
+    const uint64_t start = now_ns();
+    for (uint32_t n = 1;; ++n) {
+      const uint64_t seen = at_sys ? load_acquire<Scope::kSys>(fl) : load_acquire<Scope::kGpu>(fl);
+      if (seen >= e) return;
+      if ((n & 255u) == 0 && now_ns() - start > p->timeout_ns)
+        timeout_trap({kernel, p->s.rank, cta, moe_flag_name(f), i}, e, seen, p->timeout_ns);
+    }
   }
   // Thread 0 only (the CTA-wide ops' thread, and the Hopper engine's producer).
   KOSMOS_DEVICE void wait(MoeFlag f, int i) {
