@@ -23,7 +23,7 @@ from kosmos_jax import AgConfig, MoeLaunch, ops, reference
 from kosmos_jax.moe import MoEConfig, moe_layer, route
 from kosmos_jax.reference import moe as ref_moe
 from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_backward_workspace_bytes,
-                                moe_forward_kernel, moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
+                                moe_forward_kernel, moe_return_rows, moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
 from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, make_params, place, to_f32
 
 BF16 = jnp.bfloat16
@@ -576,3 +576,23 @@ def test_auto_backward_follows_the_forward(no_gpu_needed):
   call = ((_Res(), None, None), dict(config=SOFTMAX, axis_name="ep", precision=None))
   assert ops.choose("moe_backward", "auto", call) == "reference"
   assert "the forward ran the reference twin" in ops.auto_note("moe_backward", call)
+
+
+def test_lowers_at_ep2_with_the_mesh_groups(no_gpu_needed):
+  """At EP > 1 the launch carries its EP groups (global device ids from the mesh), ep and
+  a control slot per group, as the TP+SP ops do; w1 holds the rank's experts and y_rows
+  gains the returned rows."""
+  cfg = SOFTMAX
+  p = make_params(cfg, BF16, False)
+  f, m = _forward(cfg, 2, "fused")
+  _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), p)
+  text = f.trace(xs, *ps).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_forward" in line]
+  assert len(calls) == 1, text[-3000:]
+  call, t, e, h, i, k = calls[0], T // 2, cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.top_k
+  ids = [d.id for d in m.devices.reshape(-1)]
+  assert f"groups = dense<[{ids[0]}, {ids[1]}]> : tensor<2xi64>" in call, call
+  assert "ep = 2 : i64" in call and "slots = dense<" in call, call
+  r = moe_arena_rows(t, k, e, 2) + moe_shared_rows(t, False) + moe_return_rows(t, k, e, 2)
+  assert f"tensor<{e // 2}x{h}x{2 * i}xbf16>" in call and f"tensor<{r}x{h}xbf16>" in call, call
+  assert f"tensor<{moe_workspace_bytes(t, k, e, h, i, False, 2)}xui8>" in call, call

@@ -12,7 +12,7 @@ module of `kosmos_jax.ops`.
   fused_on_cpu()   lets the real fused wrappers trace and lower without a GPU
   moe_forward_kernel()  the fused MoE forward's launch alone, on given routing:
                    (y, y_rows, pair_row, hs); moe_arena_rows() / moe_shared_rows() /
-                   moe_workspace_bytes() its R, S and W (moe_backward_workspace_bytes()
+                   moe_return_rows() / moe_workspace_bytes() its R, S, P and W (moe_backward_workspace_bytes()
                    the backward's W); moe_forward_built() whether
                    its target is compiled; moe_forward_xla_part() what the fused
                    forward runs in XLA before it (the routing)
@@ -48,6 +48,7 @@ def moe_forward_built() -> bool:
 
 moe_arena_rows = _fused_moe.arena_rows
 moe_shared_rows = _fused_moe.shared_rows
+moe_return_rows = _fused_moe.return_rows
 moe_forward_xla_part = _fused_moe.xla_part
 moe_workspace_bytes = _fused_moe.workspace_bytes
 moe_backward_workspace_bytes = _fused_moe_bwd.workspace_bytes
