@@ -132,17 +132,16 @@ def test_ep2_traces_with_the_returned_rows(no_gpu_needed):
 def test_fused_sizes_at_ep_above_one():
   """A rank's arena holds every pair any source can send it (t * min(k, E_l) each);
   the returned rows every pair of ours; the workspace drops the arena (heap-resident)."""
-  from kosmos_jax.ops import _fused_moe as fm
-  assert fm.arena_rows(256, 4, 16, 8) == -(-(8 * 256 * 2 + 2 * 127) // 128) * 128
-  assert fm.arena_rows(384, 4, 16, 1) == fm.arena_rows(384, 4, 16)
-  assert fm.return_rows(256, 4, 16, 1) == 0 and fm.return_rows(256, 4, 16, 2) == 1024
-  r = fm.arena_rows(256, 4, 16, 2)
-  assert (fm.workspace_bytes(256, 4, 16, 256, 128, False, 1) - fm.workspace_bytes(256, 4, 16, 256, 128, False, 2)
-          == fm._roundup(fm.arena_rows(256, 4, 16) * 256 * 2, fm.ALIGN)
-          + sum(fm._roundup(n, fm.ALIGN) for n in ((fm.arena_rows(256, 4, 16) // 128) * 32,
-                                                 fm.arena_rows(256, 4, 16) * 4, fm.arena_rows(256, 4, 16) * 128 * 2,
-                                                 fm.arena_rows(256, 4, 16) * 2 * 128 * 2))
-          - sum(fm._roundup(n, fm.ALIGN) for n in ((r // 128) * 32, r * 4, r * 128 * 2, r * 2 * 128 * 2)))
+  assert moe_arena_rows(256, 4, 16, 8) == -(-(8 * 256 * 2 + 2 * 127) // 128) * 128
+  assert moe_arena_rows(384, 4, 16, 1) == moe_arena_rows(384, 4, 16)
+  assert moe_return_rows(256, 4, 16, 1) == 0 and moe_return_rows(256, 4, 16, 2) == 1024
+  al = lambda n: -(-n // 1024) * 1024  # kernels/moe/fwd_ws.h: whole KiB sections
+  t, k, e, h, i = 256, 4, 16, 256, 128
+  sections = lambda r, arena: (al(r // 128 * 32) + al(r * 4) + (al(r * h * 2) if arena else 0) + al(r * i * 2)
+                               + al(r * 2 * i * 2))
+  r1, r2 = moe_arena_rows(t, k, e, 1), moe_arena_rows(t, k, e, 2)
+  assert (moe_workspace_bytes(t, k, e, h, i, False, 1) - moe_workspace_bytes(t, k, e, h, i, False, 2)
+          == sections(r1, True) - sections(r2, False))
 
 
 @pytest.mark.parametrize("change,match", [

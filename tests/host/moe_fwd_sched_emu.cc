@@ -372,7 +372,26 @@ struct HostOps {
         for (int h = 0; h < H; ++h) to.dy[(size_t)(at + r) * H + h] = in.dy_row(c, p, h);
       __atomic_store_n(&to.tag[at + r], row_tag(e, rank, p), __ATOMIC_RELAXED);
     }
+    check_segment(m, ex, at);
     jitter();
+  }
+  // The device's padding rule (fwd_ops.cuh push_part): the last group's part of the last
+  // source with rows zeroes rows [rows, padded) from the segment's start, which it finds
+  // from the table alone as at - before. Checked against the owner's own layout of the
+  // same table: the same start, the same rows, and the last source's rows end there.
+  void check_segment(const MoeMove& m, int ex, int at) {
+    if (m.g != c.groups - 1) return;
+    const MoeSegment g = moe_segment(s, me().table.data(), ex, rank);
+    MoeFwdShape owner = s;
+    owner.rank = m.dst;
+    MoeLayout L{};
+    moe_layout_own(owner, me().table.data(), &L);
+    EMU_CHECK(g.rows == moe_src(owner, L, m.x, c.ep) && g.before == moe_src(owner, L, m.x, rank) &&
+                  at - g.before == L.rb[m.x] * c.tile_m,
+              "rank %d: segment of expert %d at rank %d: rows %d before %d start %d", rank, ex, m.dst, g.rows,
+              g.before, at - g.before);
+    EMU_CHECK(g.last_src < 0 || moe_src(owner, L, m.x, g.last_src + 1) == g.rows,
+              "rank %d: expert %d's last source %d", rank, ex, g.last_src);
   }
   // Source of segment row lr of local expert x (-1: padding).
   int source_of(int x, int lr) {
