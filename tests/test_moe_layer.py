@@ -232,7 +232,7 @@ def test_bad_input_errors():
 
 def test_fused_impl_refused_here():
   """impl='fused' never falls back silently: without a GPU (CPU CI) the dispatcher
-  says why; with one, the fused forward refuses EP = 2 (it runs at EP = 1 only)."""
+  says why."""
   p = make_params(SOFTMAX, jnp.float32, False)
   with pytest.raises(NotImplementedError, match="moe_forward"):
     _call_impl = sharded_layer(SOFTMAX, 2, ("router_w", "gate_up", "down"), impl="fused")[0]
