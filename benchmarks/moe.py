@@ -1,5 +1,6 @@
-"""The MoE layer's forward at EP = 1 on one GPU, as the paper's Figure 8 plots it: TFLOP/s
-per preset and arm, at 8192 tokens, bf16, balanced and skewed routing (DESIGN.md §7).
+"""The MoE layer's forward at EP = 1 on one GPU (or, with --ep N, over the first N GPUs of
+one host), as the paper's Figure 8 plots it: TFLOP/s per GPU per preset and arm, at 8192
+tokens per GPU, bf16, balanced and skewed routing (DESIGN.md §7).
 
 Presets: kosmos_jax.moe.PRESETS (Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3, Llama 4
 Scout and Maverick). A preset whose routed experts' weights exceed --weight-budget of the
@@ -46,6 +47,13 @@ Arms, forward only, each under jax.jit with its own warm-up and sustained timing
                in XLA). Not part of the default run.
 An arm that cannot run here is recorded with its reason (status unavailable / failed),
 never replaced by another implementation.
+
+--ep N (issue 29): the layer arms over an EP group of N GPUs (each holding E / N experts
+and 8192 tokens; the reference layer's capacity-padded all_to_all and the fused launch's
+pushes through the symmetric heap, KOSMOS_HEAP_MB); TFLOP/s per GPU (each GPU's share of
+the FLOPs over the wall time); the floor is one GPU's share alone: its t * k rows over
+its E / N experts. At EP > 1 train_fused is the fused forward with the twin's backward
+(no fused backward there yet).
 
 TFLOP/s count the routed FLOPs, 2 t k h 2I + 2 t k I h = 6 t k h I, plus the shared
 expert's 6 t h I_s where the preset has one (DeepSeek-V3, Llama 4): every arm computes
@@ -101,7 +109,7 @@ LOGIT_SCALE = 4.0  # c: a chosen expert's logit is ~ +4, the others' ~ -4
 CODE_NOISE = 0.01
 PEAK_GUESS = 400e12  # FLOP/s, only to size the calls per timed window
 TOY = dict(hidden=64, expert_intermediate=128, max_experts=16, tokens=256)
-COLUMNS = ("preset", "routing", "arm", "status", "reason", "experts", "experts_preset", "top_k", "hidden",
+COLUMNS = ("preset", "routing", "ep", "arm", "status", "reason", "experts", "experts_preset", "top_k", "hidden",
            "expert_intermediate", "shared_intermediate", "tokens", "gflop", "median_ms", "min_ms", "calls",
            "reps", "tflops", "frac_of_floor", "speedup_vs_reference", "rel_err_vs_reference", "max_load",
            "twin_fallback")
@@ -113,6 +121,7 @@ def parse_args(argv=None):
   ap.add_argument("--routing", default="both", choices=("both",) + ROUTINGS)
   ap.add_argument("--arms", default=None, help=f"comma-separated, of {ARMS} (default: all; --dry-run: reference)")
   ap.add_argument("--tokens", type=int, default=None, help="tokens per GPU (default 8192; --dry-run 256)")
+  ap.add_argument("--ep", type=int, default=1, help="EP group: the first EP devices (one host's GPUs)")
   ap.add_argument("--calls", type=int, default=0, help="calls per timed window (0: ~20 ms of work)")
   ap.add_argument("--reps", type=int, default=5, help="timed windows per arm (median)")
   ap.add_argument("--settle-s", type=float, default=1.5, help="back-to-back seconds per arm before its windows")
@@ -135,6 +144,10 @@ def parse_args(argv=None):
     if bad:
       ap.error(f"{name}: {bad} not in {list(allowed)}")
   args.tokens = args.tokens or (TOY["tokens"] if args.dry_run else 8192)
+  if not 1 <= args.ep <= len(jax.devices()):
+    ap.error(f"--ep {args.ep}: {len(jax.devices())} devices here")
+  if args.ep > 1 and args.timeline:
+    ap.error("--timeline traces one GPU's launches: EP = 1 only")
   if args.dry_run:
     args.calls, args.reps, args.settle_s = args.calls or 2, min(args.reps, 2), 0.0
   here = harness.HERE
@@ -182,6 +195,9 @@ def bench_config(name: str, args) -> moe.MoEConfig:
   per_expert = 3 * cfg.hidden * cfg.expert_intermediate * 2
   if limit and cfg.num_experts * per_expert > args.weight_budget * limit:
     cfg = with_experts(cfg, int(args.weight_budget * limit // per_expert))
+  ep = getattr(args, "ep", 1)  # callers with their own args (moe_train_step.py) run EP = 1
+  if cfg.num_experts % ep:
+    raise SystemExit(f"{name}: num_experts={cfg.num_experts} does not split over --ep {ep}")
   if cfg.hidden < cfg.num_experts:
     raise SystemExit(f"{name}: hidden={cfg.hidden} < num_experts={cfg.num_experts}: the routing code "
                      "needs one feature per expert")
@@ -252,12 +268,15 @@ class Unavailable(Exception):
   """The arm cannot run here; the message is the recorded reason."""
 
 
+EP = 1  # --ep: the EP group's size (main sets it)
+
+
 def _mesh():
-  return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("ep",))
+  return jax.sharding.Mesh(np.array(jax.devices()[:EP]), ("ep",))
 
 
 def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
-  """jit(shard_map) of ops.moe_forward over a one-device EP mesh: (x, *params) -> (y, aux)."""
+  """jit(shard_map) of ops.moe_forward over the EP mesh: (x, *params) -> (y, aux)."""
   if impl == "fused":
     ok, why = ops.fused_status("moe_forward")
     if not ok:
@@ -309,17 +328,18 @@ def xla_part_arm(cfg: moe.MoEConfig, names: tuple):
                                out_specs=(P("ep"), P("ep"), P())))
 
 
-def floor_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int) -> tuple:
+def floor_inputs(cfg: moe.MoEConfig, t: int, p: dict, seed: int, ep: int = 1) -> tuple:
   """Pre-permuted balanced rows for the floor's GEMMs, random (each GEMM's own input,
   as the GEMMs alone need no SwiGLU between them): (a1 [M, h], a2 [M, I], gate_up, down,
   tile_expert[, shared a1 [t, h], shared a2 [t, I_s], shared gate_up, down, tiles]).
   The weights are the layer's own arrays (floor_arm reshapes them under jit, for free:
-  an eager reshape would copy 20 GB of Maverick's)."""
-  e, h, i, si = cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.shared_expert_intermediate
+  an eager reshape would copy 20 GB of Maverick's). ep > 1: one GPU's share, its t * k
+  rows over its E / ep experts (the first E / ep of the arrays)."""
+  e, h, i, si = cfg.num_experts // ep, cfg.hidden, cfg.expert_intermediate, cfg.shared_expert_intermediate
   per, te = gg.balanced_tiles(-(-t * cfg.top_k // e), e)
   k1, k2, k3, k4 = jax.random.split(jax.random.key(2000 + seed), 4)
-  out = (_normal(k1, (e * per, h), 1.0), _normal(k2, (e * per, i), 1.0), p["gate_up"], p["down"],
-         jnp.asarray(te))
+  gate_up, down = (p["gate_up"], p["down"]) if ep == 1 else (p["gate_up"][:e], p["down"][:e])
+  out = (_normal(k1, (e * per, h), 1.0), _normal(k2, (e * per, i), 1.0), gate_up, down, jnp.asarray(te))
   if si:
     rows, te1 = gg.balanced_tiles(t, 1)  # t rows, padded to whole tiles
     out += (_normal(k3, (rows, h), 1.0), _normal(k4, (rows, si), 1.0), p["shared_gate_up"], p["shared_down"],
@@ -401,10 +421,10 @@ def bench(name: str, routing: str, args) -> list[dict]:
   gflop = (routed + shared) * 1e-9
   p = params(cfg)
   names = tuple(n for n in NAMES if n in p)
-  x_bytes = t * cfg.hidden * 2
-  sets = harness.rotation(lambda i: (tokens(cfg, t, routing, i), *[p[n] for n in names]), x_bytes)
+  x_bytes = EP * t * cfg.hidden * 2  # the EP group's tokens, t per GPU
+  sets = harness.rotation(lambda i: (tokens(cfg, EP * t, routing, i), *[p[n] for n in names]), x_bytes)
   max_load, fallback = loads(cfg, sets[0][0], p)
-  base = dict(preset=name, routing=routing, experts=cfg.num_experts, experts_preset=preset.num_experts,
+  base = dict(preset=name, routing=routing, ep=EP, experts=cfg.num_experts, experts_preset=preset.num_experts,
               top_k=cfg.top_k, hidden=cfg.hidden, expert_intermediate=cfg.expert_intermediate,
               shared_intermediate=cfg.shared_expert_intermediate, tokens=t, gflop=round(gflop, 3),
               max_load=round(max_load, 4), twin_fallback=fallback)
@@ -414,8 +434,10 @@ def bench(name: str, routing: str, args) -> list[dict]:
     try:
       if arm == "floor":
         fn = floor_arm()
-        arm_sets = harness.rotation(lambda i: floor_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 2)
+        arm_sets = harness.rotation(lambda i: floor_inputs(cfg, t, p, i, EP), t * cfg.top_k * cfg.hidden * 2)
       elif arm == "floor_bwd":
+        if EP > 1:
+          raise Unavailable("floor_bwd: the backward's floor is EP = 1's (there is no fused backward at EP > 1)")
         fn = floor_bwd_arm()
         arm_sets = harness.rotation(lambda i: floor_bwd_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 4)
       elif arm in ("train_reference", "train_fused"):
@@ -597,7 +619,9 @@ def plot(rows, arms, path: pathlib.Path) -> None:
 
 
 def main(argv=None):
+  global EP
   args = parse_args(argv)
+  EP = args.ep
   arms = args.arms.split(",")
   routings = ROUTINGS if args.routing == "both" else (args.routing,)
   if args.timeline:
@@ -627,7 +651,8 @@ def main(argv=None):
     for f in files:
       shutil.copy(f, os.environ["OUT"])
   if not (args.dry_run or args.no_append):
-    harness.append_results(f"MoE layer forward, EP = 1, {args.tokens} tokens: {', '.join(arms)}", body)
+    harness.append_results(f"MoE layer forward, EP = {args.ep}, {args.tokens} tokens per GPU: {', '.join(arms)}",
+                           body)
   return 0 if all(r["status"] != "failed" for r in rows) else 1
 
 

@@ -12,11 +12,13 @@
 #   fwd    benchmarks/tp_sp.py ag_tn,tn_rs (pull, push, push_fold) against XLA
 #   bwd    benchmarks/tp_sp.py ag_nn,bulk_ag_nn,bulk_rs_nt against XLA
 #   train  benchmarks/train_step.py: the Llama-3 8B TP+SP block, fused against reference
+#   moe    benchmarks/moe.py --ep (2, or every GPU up to 8): the MoE layer's forward over the
+#          EP group, fused against the reference layer and one GPU's expert-GEMM floor
+#          (MOE_PRESETS, default qwen3-30b-a3b,deepseek-v3; both routings); not a default step
 # STEPS picks and orders them (default peer,tests,fwd,bwd,train); SHAPES the paper
 # shapes of fwd and bwd (default quick: 5 a kernel; all: 24). Everything does not fit
 # one 600 s call: run STEPS=peer,tests,bwd first, then STEPS=fwd,train SHAPES=all.
-# Not in it: the MoE backward at EP 2 (its kernel runs at EP = 1 only so far, issue 28) and
-# benchmarks/moe.py at EP 2 (it measures EP = 1).
+# Not in it: the MoE backward at EP 2 (its kernel runs at EP = 1 only so far, issue 28).
 # Under $OUT (the device tool returns 8 files): topo.log, peer.log, pytest.log,
 # tp_sp_{fwd,bwd}.log (their tables) and .csv, train.log; the build's logs in /tmp/multi_build.
 # Never changes clocks or resets a GPU; NVLink multicast (NVLS) stays off (DESIGN.md §4).
@@ -89,6 +91,19 @@ step_train() {
   return $rc
 }
 
+step_moe() {
+  build
+  local ep=$(( gpus >= 8 ? 8 : 2 )) t=$(( $(left) - 20 ))
+  [ "$gpus" -ge 2 ] && [ "$t" -gt 90 ] || { echo "moe skipped: $gpus GPU(s), $(left) s left"; return; }
+  OUT= timeout "$t" $PY benchmarks/moe.py --ep "$ep" --presets "${MOE_PRESETS:-qwen3-30b-a3b,deepseek-v3}" \
+    --arms reference,fused,floor --no-append --out-dir /tmp/moe_ep --tag "_ep$ep" > "$OUT/moe_ep.log" 2>&1
+  local rc=$?
+  echo "moe rc=$rc at ${SECONDS}s (124: cut at the budget)"
+  cp /tmp/moe_ep/moe_ep"$ep".csv "$OUT/" 2>/dev/null
+  grep -E "^\|" "$OUT/moe_ep.log" | head -12
+  return $rc
+}
+
 status=0
 for s in $(echo "${STEPS:-peer,tests,fwd,bwd,train}" | tr , ' '); do
   case "$s" in
@@ -97,7 +112,8 @@ for s in $(echo "${STEPS:-peer,tests,fwd,bwd,train}" | tr , ' '); do
     fwd) tp_sp fwd ag_tn,tn_rs xla,comm_alone,gemm_alone,kosmos_fused,kosmos_push,kosmos_fold 50 ;;
     bwd) tp_sp bwd ag_nn,bulk_ag_nn,bulk_rs_nt xla,comm_alone,gemm_alone,kosmos_fused 70 ;;
     train) step_train ;;
-    *) echo "unknown step $s (peer, tests, fwd, bwd, train)"; exit 2 ;;
+    moe) step_moe ;;
+    *) echo "unknown step $s (peer, tests, fwd, bwd, train, moe)"; exit 2 ;;
   esac || status=1
 done
 exit $status

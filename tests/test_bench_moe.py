@@ -109,3 +109,20 @@ def test_timeline_splits_launches():
   for kind in ("dgrad2", "wgrad2", "wgrad1"):
     assert f"  {kind}" in text
   assert "dgrad1" not in text and "wait gemm1" in text
+
+
+def test_ep2_dry_run(tmp_path):
+  """--ep 2: the layer over a two-device EP group, 128 tokens per device, the fused arms
+  recorded as unavailable on CPU, the floor as one device's share."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  proc = subprocess.run([sys.executable, "benchmarks/moe.py", "--dry-run", "--tokens", "128", "--ep", "2",
+                         "--presets", "qwen3-30b-a3b", "--routing", "balanced", "--arms", "reference,fused",
+                         "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with (tmp_path / "moe.csv").open() as f:
+    rows = {r["arm"]: r for r in csv.DictReader(f)}
+  assert rows["reference"]["status"] == "ok" and rows["reference"]["ep"] == "2", rows
+  assert rows["fused"]["status"] == "unavailable", rows
+  bad = subprocess.run([sys.executable, "benchmarks/moe.py", "--dry-run", "--ep", "3"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and "--ep 3: 2 devices here" in bad.stderr, bad.stderr[-2000:]
