@@ -142,5 +142,22 @@ def place(m, x, p: dict):
   return names, put(x, m, P("ep")), [put(p[n], m, SPECS[n]) for n in names]
 
 
+def layer_grads(cfg: MoEConfig, m, x, p: dict, cot, impl=None, cu_cap=None) -> dict:
+  """jax.grad of moe_layer (loss <y, cot> + aux) under shard_map over mesh m's "ep" axis:
+  {name: gradient} of x and every parameter in p (unplaced arrays in)."""
+  names = tuple(n for n in NAMES if n in p)
+
+  def local(cot, x, *ps):
+    def loss(x, *ps):
+      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl, cu_cap=cu_cap)
+      return jnp.sum(y.astype(jnp.float32) * cot) + aux
+    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
+
+  specs = (P("ep"), *[SPECS[n] for n in names])
+  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
+  _, xs, ps = place(m, x, p)
+  return dict(zip(("x",) + names, f(put(cot, m, P("ep")), xs, *ps)))
+
+
 def to_f32(p: dict):
   return {k: jnp.asarray(np.asarray(jnp.asarray(v, jnp.float32))) for k, v in p.items()}

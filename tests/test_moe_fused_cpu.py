@@ -24,7 +24,7 @@ from kosmos_jax.moe import MoEConfig, moe_layer, route
 from kosmos_jax.reference import moe as ref_moe
 from kosmos_jax.testing import (fake_fused, fused_on_cpu, fused_ops, moe_arena_rows, moe_backward_workspace_bytes,
                                 moe_forward_kernel, moe_return_rows, moe_shared_rows, moe_workspace_bytes, MOE_TILE_ROWS)
-from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, make_params, place, to_f32
+from moe_oracle import NAMES, SPECS, dense_moe, ep_mesh, layer_grads, make_params, place, to_f32
 
 BF16 = jnp.bfloat16
 T = 64
@@ -318,19 +318,7 @@ def test_wrapper_matches_the_twin(kernel_twin, kind):
 
 
 def _layer_grads(cfg, ep, impl, x, p, cot):
-  names = _names(p)
-  m = ep_mesh(ep)
-
-  def local(cot, x, *ps):
-    def loss(x, *ps):
-      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)
-      return jnp.sum(y.astype(jnp.float32) * cot) + aux
-    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
-
-  specs = (P("ep"), *[SPECS[n] for n in names])
-  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
-  _, xs, ps = place(m, x, p)
-  return dict(zip(("x",) + names, f(put(cot, m, P("ep")), xs, *ps)))
+  return layer_grads(cfg, ep_mesh(ep), x, p, cot, impl)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -13,9 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import assert_close, fresh, put
 from kosmos_jax import ops
-from kosmos_jax.moe import moe_layer
 from kosmos_jax.testing import moe_forward_built
-from moe_oracle import NAMES, SPECS, make_params
+from moe_oracle import NAMES, SPECS, layer_grads, make_params
 
 from test_moe_fused import KINDS, TWIN_RTOL
 
@@ -54,21 +53,6 @@ def _forward(cfg, ep, impl, x, p):
   return f(put(x, m, P("ep")), *[put(p[n], m, SPECS[n]) for n in names])
 
 
-def _grads(cfg, ep, impl, x, p, cot):
-  names, m = _names(cfg), _mesh(ep)
-
-  def local(cot, x, *ps):
-    def loss(x, *ps):
-      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl)
-      return jnp.sum(y.astype(jnp.float32) * cot) + aux
-    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
-
-  specs = (P("ep"), *[SPECS[n] for n in names])
-  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
-  return dict(zip(("x",) + names, f(put(cot, m, P("ep")), put(x, m, P("ep")),
-                                     *[put(p[n], m, SPECS[n]) for n in names])))
-
-
 @pytest.mark.parametrize("ep", _eps())
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_forward_across_gpus_matches_twin(kind, ep):
@@ -89,6 +73,6 @@ def test_layer_grad_across_gpus_equals_reference(kind):
   cfg, ep = KINDS[kind], 2
   p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
   x, cot = fresh((512 * ep, cfg.hidden), BF16), fresh((512 * ep, cfg.hidden))
-  got, want = _grads(cfg, ep, "fused", x, p, cot), _grads(cfg, ep, "reference", x, p, cot)
+  got, want = (layer_grads(cfg, _mesh(ep), x, p, cot, impl) for impl in ("fused", "reference"))
   for name in got:
     assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused forward vs reference")

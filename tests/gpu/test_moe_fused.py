@@ -33,10 +33,10 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import assert_close, fresh, put, rel_err
 from kosmos_jax import MoeLaunch, ops
-from kosmos_jax.moe import MoEConfig, moe_layer, route
+from kosmos_jax.moe import MoEConfig, route
 from kosmos_jax.reference import moe as ref_moe
 from kosmos_jax.testing import MOE_TILE_ROWS, builder_runs, moe_arena_rows, moe_forward_built, moe_forward_kernel
-from moe_oracle import NAMES, SPECS, dense_moe, make_params, to_f32
+from moe_oracle import NAMES, SPECS, dense_moe, layer_grads, make_params, to_f32
 
 pytestmark = pytest.mark.skipif(not moe_forward_built(), reason="kosmos_moe_forward is not compiled into this "
                                 "extension (a CUDA build)")
@@ -425,18 +425,7 @@ def test_skewed_routing_never_drops(kind):
 
 
 def _layer_grads(cfg, impl, x, p, cot, cu_cap=None):
-  names, m = _names(cfg), _mesh()
-
-  def local(cot, x, *ps):
-    def loss(x, *ps):
-      y, aux = moe_layer(x, dict(zip(names, ps)), cfg, axis_name="ep", impl=impl, cu_cap=cu_cap)
-      return jnp.sum(y.astype(jnp.float32) * cot) + aux
-    return jax.grad(loss, argnums=tuple(range(len(names) + 1)))(x, *ps)
-
-  specs = (P("ep"), *[SPECS[n] for n in names])
-  f = jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *specs), out_specs=specs))
-  g = f(put(cot, m, P("ep")), put(x, m, P("ep")), *[put(p[n], m, SPECS[n]) for n in names])
-  return dict(zip(("x",) + names, g))
+  return layer_grads(cfg, _mesh(), x, p, cot, impl, cu_cap)
 
 
 @pytest.mark.parametrize("t,rule", [(512, True), (256, False)], ids=["128_pairs_per_expert", "64"])
