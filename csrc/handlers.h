@@ -17,7 +17,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_ag_nn_cuda);
 // kosmos_bulk_rs_nt: reduce_scatter_rows(dx_partial) beside x_gathered.T @ dy, fused (kernels/tp/bulk_rs.cuh).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_bulk_rs_nt_cuda);
 // kosmos_moe_forward: the MoE layer's forward in one launch (EP = 1, or an EP group
-// through the symmetric heap): plan, dispatch, GEMM1 + SwiGLU, GEMM2, combine, fold (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
+// through the symmetric heap): plan, dispatch, GEMM1 + SwiGLU, GEMM2, combine, fold
+// (kernels/moe/fwd_sched.h; contract: kosmos_jax/ops/_fused_moe.py).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
 // kosmos_moe_backward: the MoE layer's backward at EP = 1 in one launch: plan, gather dY,
 // dgrad2 + SwiGLU backward, dgrad1, wgrads, fold of dX (kernels/moe/bwd_sm90.cuh;

@@ -1,9 +1,10 @@
 // The MoE forward's row traffic, one warp (32-lane group, kosmos/platform.h)
 // per row or token: the dispatch gather (a token row into its arena row, ours
-// or a peer's), the combine's copies and the fold (a token's k expert rows into its output row). Both are bandwidth work on HBM, so each
-// lane puts several 16-byte loads in flight before it uses any of them: a loop
-// that loads, then stores or adds, keeps one load per lane in flight and runs
-// at a few GB/s per SM (one load latency per 16 bytes).
+// or a peer's), the combine's copies and the fold (a token's k expert rows
+// into its output row). Both are bandwidth work on HBM, so each lane puts
+// several 16-byte loads in flight before it uses any of them: a loop that
+// loads, then stores or adds, keeps one load per lane in flight and runs at a
+// few GB/s per SM (one load latency per 16 bytes).
 #pragma once
 #include <cstdint>
 

@@ -29,8 +29,9 @@ routed pre-activations, in the arena's order, which the fused backward
 the expert rows by the dropless pass.
 
 No capacity: the kernel's arena holds every pair a rank can receive (R rows below), so
-it never falls back and never drops. The layout, and so routing_stats' capacity_fill and dropless_fallback,
-still say what the twin's capped buffers would have done with this routing.
+it never falls back and never drops. The layout, and so routing_stats' capacity_fill and
+dropless_fallback, still say what the twin's capped buffers would have done with this
+routing.
 
 The FFI contract (kosmos_moe_forward, platform CUDA):
   operands  x [t, h] bf16; indices [t, k] int32 (Routing.indices); weights [t, k] f32
