@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kosmos_jax import moe
-from kosmos_jax.testing import loopback
+from kosmos_jax.testing import loopback, moe_arena_rows, moe_return_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -71,7 +71,9 @@ def main():
       rng = np.random.default_rng(ep)
       t = args.tokens
       ins = _inputs(rng, ep, t, k, e, h, i)
-      need = 16 + (ep * t * min(k, e // ep) + e * 128) * h * 2 // 2**20 + t * k * h * 2 // 2**20 + 64
+      # The heap a rank needs (kernels/moe/fwd_heap.h): 16 MiB below the data region, then
+      # its arena and returned rows; 64 MiB to spare.
+      need = 16 + (moe_arena_rows(t, k, e, ep) + moe_return_rows(t, k, e, ep)) * h * 2 // 2**20 + 64
       t0 = time.time()
       lb = _ms(ep, t, k, e, h, i, ins, sms // ep, args.calls, need)
       # The same ep * t tokens with every expert, one EP = 1 launch on the whole GPU.

@@ -65,6 +65,7 @@ from jax.interpreters import mlir
 from kosmos_jax import _compat, _ext, runtime
 from kosmos_jax.kernel_config import MoeLaunch
 from kosmos_jax.ops._dispatch import register_fused
+from kosmos_jax.ops._fused_tp import group_attrs
 from kosmos_jax.reference import moe as ref
 from kosmos_jax.reference import moe_router as rt
 from kosmos_jax.reference.moe_config import MoEConfig
@@ -170,19 +171,13 @@ def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu
 
 def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
               axis_name, ep):
+  # The EP groups of the mesh (jax.shard_map's), as the TP+SP ops take theirs; none at EP = 1.
   none = np.zeros((0,), np.int64)
-  groups, slots = none, none
-  if ep > 1:  # the EP groups of the mesh (jax.shard_map's), as the TP+SP ops take theirs
-    from kosmos_jax.ops._fused_tp import _mesh_of
-    g = runtime.groups_from_mesh(_mesh_of(ctx, TARGET), axis_name)
-    if g.shape[1] != ep:
-      raise ValueError(f"{TARGET}: group size {g.shape[1]} from the mesh != axis size {ep}")
-    runtime.check_groups(TARGET, g)
-    groups, slots = np.ascontiguousarray(g.reshape(-1), np.int64), runtime.ctrl_slots(g)
+  groups = group_attrs(TARGET, ctx, axis_name, ep) if ep > 1 else dict(groups=none, slots=none)
   return jax.ffi.ffi_lowering(TARGET)(
       ctx, x, indices, weights, w1, w2, sw1, sw2, input_gating=np.int64(input_gating), shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
-      switching=np.int64(switching), groups=groups, ep=np.int64(ep), slots=slots)
+      switching=np.int64(switching), ep=np.int64(ep), **groups)
 
 
 moe_forward_p.def_abstract_eval(_abstract)

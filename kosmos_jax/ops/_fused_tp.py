@@ -36,15 +36,22 @@ def _mesh_of(ctx, op):
   return mesh
 
 
+def group_attrs(op, ctx, axis_name, size) -> dict:
+  """The FFI attributes `groups` (this mesh's groups along axis_name, global device ids,
+  row-major) and `slots` (their control slots), checked: size members each, one host,
+  mapped heaps."""
+  groups = runtime.groups_from_mesh(_mesh_of(ctx, op), axis_name)
+  if groups.shape[1] != size:
+    raise ValueError(f"{op}: group size {groups.shape[1]} from the mesh != axis size {size}")
+  runtime.check_groups(op, groups)
+  return dict(groups=np.ascontiguousarray(groups.reshape(-1), np.int64), slots=runtime.ctrl_slots(groups))
+
+
 def _lower_group_op(op, ctx, *operands, axis_name, tp, cu_cap, **attrs):
   """The `kosmos_<op>` custom call with this mesh's groups and their control slots."""
-  groups = runtime.groups_from_mesh(_mesh_of(ctx, op), axis_name)
-  if groups.shape[1] != tp:
-    raise ValueError(f"{op}: group size {groups.shape[1]} from the mesh != axis size {tp}")
-  runtime.check_groups(op, groups)
   return jax.ffi.ffi_lowering(f"kosmos_{op}")(
-      ctx, *operands, groups=np.ascontiguousarray(groups.reshape(-1), np.int64), tp=np.int64(tp),
-      slots=runtime.ctrl_slots(groups), cu_cap=np.int64(cu_cap or 0), **attrs)
+      ctx, *operands, **group_attrs(op, ctx, axis_name, tp), tp=np.int64(tp), cu_cap=np.int64(cu_cap or 0),
+      **attrs)
 
 
 def crew_lowering(op):
