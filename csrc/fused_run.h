@@ -143,6 +143,22 @@ struct MoeFwdArgs {
 // `g` and `ctrl_slot` as find_group_slot returns them (unused at ep = 1).
 xla::ffi::Error moe_fwd_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const MoeFwdArgs& a);
 
+// One rank's call of kosmos_moe_backward (csrc/moe_bwd_cuda.cu): the MoE
+// backward over its EP group after a forward of the same routing, whose
+// workspace fws it reads; shapes as the FFI operands and results
+// (kosmos_jax/ops/_fused_moe_bwd.py). x [t, h] (the forward's input) is read
+// with a shared expert, and at ep > 1 (the X rows each owner's wgrad1 needs).
+struct MoeBwdArgs {
+  const void *dy, *indices, *weights, *w1, *w2, *fws, *x, *hs, *sw1, *sw2;
+  void *dx, *dx_rows, *pair_row, *dw1, *dw2, *dsw1, *dsw2, *ws;
+  size_t fws_bytes, ws_bytes;
+  int64_t dx_rows_rows;
+  int64_t t, H, k, e_local, I, ep;
+  bool shared, input_gating;  // input_gating: the forward's
+  int64_t cu_cap, movers, switching;
+};
+xla::ffi::Error moe_bwd_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const MoeBwdArgs& a);
+
 // A run body's launch, once it has validated and planned: the op's one
 // persistent kernel on `grid` CTAs, its output `y` poisoned first under
 // KOSMOS_POISON_OUTPUT (launch_prologue).

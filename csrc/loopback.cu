@@ -12,6 +12,7 @@
 
 #include "fused_run.h"
 #include "loopback.h"
+#include "moe/bwd_ws.h"
 #include "moe/fwd_ws.h"
 #include "runtime.h"
 
@@ -31,7 +32,7 @@ struct Rank {
   cudaStream_t stream = nullptr;
   char* heap = nullptr;
   void* y = nullptr;                   // the largest output of the ops
-  void* scratch = nullptr;             // outputs no one compares (moe_forward's y_rows, ws)
+  void* scratch = nullptr;             // outputs no one compares (the MoE ops' rows and workspaces)
   std::vector<std::vector<void*>> in;  // [set][input]
   std::vector<void*> first;            // per (set, op): the first call's output
 };
@@ -43,15 +44,19 @@ struct OpBytes {
   size_t scratch = 0;
 };
 
-// moe_forward's uncompared results: y_rows [R + S + P, K] then the workspace.
+// The MoE ops' uncompared results, one after the other in the rank's scratch:
+// the forward's y_rows [R + P, K] and workspace (the backward's residual: it
+// stays there for the moe_backward call that follows), then the backward's
+// dx_rows [R + P, K] and workspace.
 struct MoeScratch {
   int64_t y_rows_rows;
-  size_t ws_bytes;
+  size_t ws_bytes, bwd_ws_bytes;
 };
 MoeScratch moe_scratch(const LoopbackSpec& s) {
   const int t = (int)s.rows, k = (int)s.moe_top_k, ep = s.tp, el = (int)(s.moe_experts / (s.tp > 0 ? s.tp : 1));
-  const int R = moe::moe_rank_rows(t, k, ep, el), P = moe::moe_return_rows(t, k, ep, ep * el);
-  return {R + P, moe::moe_ws_layout(t, k, ep, el, (int)s.K, (int)s.moe_inter, false).total};
+  const int R = moe::moe_rank_rows(t, k, ep, el), P = moe::moe_return_rows(t, k, ep, ep * el), I = (int)s.moe_inter;
+  return {R + P, moe::moe_ws_layout(t, k, ep, el, (int)s.K, I, false).total,
+          moe::moe_bwd_ws_layout(t, k, ep, el, (int)s.K, I, false).total};
 }
 
 OpBytes op_bytes(const LoopbackSpec& s, const std::string& op) {
@@ -66,6 +71,13 @@ OpBytes op_bytes(const LoopbackSpec& s, const std::string& op) {
     const MoeScratch m = moe_scratch(s);
     return {{r * K * e, r * k * 4, r * k * 4, el * K * 2 * I * e, el * I * K * e}, r * K * e + r * k * 4,
             (size_t)m.y_rows_rows * K * e + m.ws_bytes};
+  }
+  if (op == "moe_backward") {
+    const size_t k = s.moe_top_k, el = s.moe_experts / (tp ? tp : 1), I = s.moe_inter;
+    const MoeScratch m = moe_scratch(s);
+    return {{r * K * e, r * k * 4, r * k * 4, el * K * 2 * I * e, el * I * K * e, r * K * e},
+            r * K * e + r * k * 4 + el * K * 2 * I * e + el * I * K * e,
+            2 * (size_t)m.y_rows_rows * K * e + m.ws_bytes + m.bwd_ws_bytes};
   }
   return {};
 }
@@ -115,9 +127,16 @@ std::string check(const LoopbackSpec& s, int sm_count, const Inputs& ins) {
     if (!known(op)) return "loopback: unknown op '" + op + "' (loopback.h lists the ops)";
   if (s.tp < 1 || s.tp > kMaxRanks) return "loopback: tp=" + std::to_string(s.tp) + " outside 1.." + std::to_string(kMaxRanks);
   for (const auto& op : s.ops)
-    if (op == "moe_forward" && (s.moe_top_k < 1 || s.moe_inter < 1 || s.moe_experts < 1 || s.moe_experts % s.tp))
-      return "loopback: moe_forward needs moe_top_k, moe_inter >= 1 and moe_experts=" +
+    if ((op == "moe_forward" || op == "moe_backward") &&
+        (s.moe_top_k < 1 || s.moe_inter < 1 || s.moe_experts < 1 || s.moe_experts % s.tp))
+      return "loopback: " + op + " needs moe_top_k, moe_inter >= 1 and moe_experts=" +
              std::to_string(s.moe_experts) + " a positive multiple of ep=" + std::to_string(s.tp);
+  // The backward reads the workspace its forward left in the rank's scratch:
+  // each moe_backward must follow a moe_forward of the same input set.
+  for (size_t j = 0; j < s.ops.size(); ++j)
+    if (s.ops[j] == "moe_backward" && (j == 0 || s.ops[j - 1] != "moe_forward"))
+      return "loopback: moe_backward (op " + std::to_string(j) + ") must follow moe_forward in ops, whose "
+             "workspace it reads";
   if (s.cu_cap < 1 || s.cu_cap * s.tp > sm_count)
     return "loopback: cu_cap=" + std::to_string(s.cu_cap) + " x tp=" + std::to_string(s.tp) + " must be in 1.." +
            std::to_string(sm_count) + " SMs, so that every rank's CTAs are resident at once";
@@ -210,6 +229,20 @@ xla::ffi::Error launch_op(const LoopbackSpec& s, const std::string& op, cudaStre
                        s.switching};
     return moe_fwd_run(stream, ordinal, g, 0, a);
   }
+  if (op == "moe_backward") {
+    const MoeScratch m = moe_scratch(s);
+    const size_t el = s.moe_experts / s.tp, I = s.moe_inter, rows = (size_t)m.y_rows_rows * K * e;
+    char* sc = static_cast<char*>(scratch);
+    char* fws = sc + rows;  // the forward's workspace, left by the call before
+    char* dw1 = out + r * K * e;  // dx, dw1, dw2, then pair_row: the TMA-stored dW 16-byte aligned
+    char* dw2 = dw1 + el * K * 2 * I * e;
+    const MoeBwdArgs a{in[5], in[1], in[2], in[3], in[4], fws, in[0], nullptr, nullptr, nullptr,
+                       y, fws + m.ws_bytes, dw2 + el * I * K * e, dw1, dw2, nullptr, nullptr,
+                       fws + m.ws_bytes + rows, m.ws_bytes, m.bwd_ws_bytes, m.y_rows_rows, s.rows, s.K, s.moe_top_k,
+                       s.moe_experts / s.tp, s.moe_inter, s.tp, false, s.moe_input_gating != 0, s.cu_cap, s.knob,
+                       s.switching};
+    return moe_bwd_run(stream, ordinal, g, 0, a);
+  }
   return xla::ffi::Error::InvalidArgument("loopback: no launch for op '" + op + "'");
 }
 
@@ -271,7 +304,7 @@ std::string run_calls(const LoopbackSpec& s, const std::vector<Transport>& ts, s
 }  // namespace
 
 std::vector<std::string> loopback_ops() {
-  return {"ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "moe_forward"};
+  return {"ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt", "moe_forward", "moe_backward"};
 }
 
 std::string loopback_run(int ordinal, const LoopbackSpec& spec, const Inputs& ins, LoopbackResult* out) {

@@ -28,7 +28,7 @@ struct LoopbackSpec {
   int64_t knob = -1;       // movers (AG ops) or reducers (RS ops); -1: the default policy
   int64_t switching = 1;
   int64_t stage_bf16 = 0, band_rows = 1;  // tn_rs only
-  // moe_forward (tp = ep ranks, rows = tokens per rank, K = hidden): every
+  // moe_forward, moe_backward (tp = ep ranks, rows = tokens per rank, K = hidden): every
   // expert of the group, top_k, the expert intermediate, input gating.
   int64_t moe_experts = 0, moe_top_k = 0, moe_inter = 0, moe_input_gating = 0;
   // Call i runs transport transports[i % size], by name ("pull", "push",
@@ -64,6 +64,9 @@ struct LoopbackResult {
 //   moe_forward x [rows, K], indices [rows, k] int32, weights [rows, k] f32, w1 [E/tp, K, 2I],
 //               w2 [E/tp, I, K] (this rank's experts)     -> y [rows, K], pair_row [rows, k] int32
 //               (its y_rows and workspace are scratch; no shared expert)
+//   moe_backward the same inputs, then dy [rows, K]           -> dx [rows, K], dw1 [E/tp, K, 2I],
+//               dw2 [E/tp, I, K], pair_row [rows, k] int32; it must follow moe_forward in ops
+//               (the same input set), whose workspace it reads
 // An input may be longer than the op needs (ops of one run share input sets:
 // ag_tn reads the first rows of a tn_rs x).
 std::vector<std::string> loopback_ops();

@@ -145,7 +145,7 @@ static nb::tuple LoopbackRun(int ordinal, const std::vector<std::string>& ops, i
   spec.ops = ops; spec.tp = tp; spec.rows = rows; spec.K = k; spec.N = n; spec.cu_cap = cu_cap; spec.knob = knob;
   spec.switching = switching; spec.stage_bf16 = stage_bf16; spec.band_rows = band_rows; spec.transports = transports;
   spec.calls = calls; spec.heap_bytes = heap_bytes; spec.check = check; spec.m_local = m_local;
-  if (moe.size() == 4)  // moe_forward: (experts, top_k, intermediate, input_gating)
+  if (moe.size() == 4)  // moe_forward / moe_backward: (experts, top_k, intermediate, input_gating)
     spec.moe_experts = moe[0], spec.moe_top_k = moe[1], spec.moe_inter = moe[2], spec.moe_input_gating = moe[3];
   kosmos::LoopbackResult res;
   const auto in = BytesGrid(ins);

@@ -24,6 +24,7 @@
 #include "gemm/tile_order.h"
 #include "moe/fwd_heap.h"
 #include "moe/fwd_ws.h"
+#include "moe_heap_peers.h"
 #include "moe_fwd_portable.h"
 #include "moe_fwd_sm90.h"
 #include "trace_buf.h"
@@ -93,19 +94,6 @@ moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, ch
   return m;
 }
 
-// EP > 1: the control block, arena and returned rows of every rank, in its heap.
-void moe_peers(moe::MoeFwdParams* m, const MoeCall& c, const GroupInfo& g, int ctrl_slot) {
-  const moe::MoeHeap h = moe::moe_heap_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H);
-  for (int r = 0; r < c.ep; ++r) {
-    m->peer_ctrl[r] = reinterpret_cast<moe::MoeCtrl*>(g.heaps[r] + moe::moe_ctrl_offset(ctrl_slot));
-    m->peer_arena[r] = reinterpret_cast<bf16_t*>(g.heaps[r] + h.arena);
-    m->peer_ret[r] = reinterpret_cast<bf16_t*>(g.heaps[r] + h.ret);
-  }
-  m->ctrl = m->peer_ctrl[g.rank];
-  m->arena = m->peer_arena[g.rank];
-  m->heap = g.heaps[g.rank];
-}
-
 // The operands' types and shapes (the results' once R is known): "" or what is wrong.
 std::string check_operands(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer weights, ffi::AnyBuffer w1,
                            ffi::AnyBuffer w2, ffi::AnyBuffer sw1, ffi::AnyBuffer sw2, int64_t shared) {
@@ -162,14 +150,9 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   if (a.ws_bytes < L.total)
     return Fail(op, "workspace of " + std::to_string(a.ws_bytes) + " bytes; it must hold " + std::to_string(L.total) +
                         " (kosmos_jax.ops._fused_moe.workspace_bytes)");
-  if (c.ep > 1) {
-    const size_t need = moe::moe_heap_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H).end;
-    if (need > g.heap_bytes)
-      return Fail(op, "t=" + std::to_string(c.t) + " tokens x top_k=" + std::to_string(c.k) + " at ep=" +
-                          std::to_string(c.ep) + " need " + std::to_string((need + (1u << 20) - 1) >> 20) +
-                          " MiB of symmetric heap (have " + std::to_string(g.heap_bytes >> 20) +
-                          " MiB; set KOSMOS_HEAP_MB or kosmos_jax.runtime.init(heap_mb=...) before the first kosmos op)");
-  }
+  const moe::MoeHeap heap = moe::moe_heap_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H);
+  if (c.ep > 1)
+    if (std::string why = moe_heap_refusal(heap, g, c.t, c.k, c.ep); !why.empty()) return Fail(op, why);
   if (!c.switching && c.grid < 2)
     return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(c.grid));
   DeviceGuard guard(ordinal);
@@ -187,7 +170,7 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   if (e == cudaSuccess && err.empty()) {
     moe::MoeFwdParams m = moe_params(c, c.ep > 1 ? g.rank : 0, L, base, a.x, a.indices, a.weights, a.y, a.y_rows,
                                      a.pair_row, a.hs);
-    if (c.ep > 1) moe_peers(&m, c, g, ctrl_slot);
+    if (c.ep > 1) moe_heap_peers(&m, g, ctrl_slot, heap, (int)c.ep, false);
     m.trace = trace_buf(ordinal, c.ep > 1 ? g.rank : 0, g.trace_list);
     e = sm90 ? moe_fwd_sm90_launch(m, a.w1, a.w2, a.sw1, a.sw2, c.grid, stream)
              : moe_fwd_portable_launch(m, a.w1, a.w2, a.sw1, a.sw2, c.grid, ordinal, stream);

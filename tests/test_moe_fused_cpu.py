@@ -428,9 +428,9 @@ def test_nn_module_takes_and_checks_launch():
 
 # ---- the fused backward's Python side (kosmos_jax/ops/_fused_moe_bwd.py) -------------
 
-def _fwd_bwd(cfg, fwd_impl="fused"):
+def _fwd_bwd(cfg, fwd_impl="fused", ep=1):
   """Jitted (x, cot, *params) -> (dx, dgate_up, ddown) of ops.moe_backward(impl='fused')
-  after ops.moe_forward(impl=fwd_impl)."""
+  after ops.moe_forward(impl=fwd_impl), over an EP mesh of ep devices."""
   names = _names(make_params(cfg, BF16, bool(cfg.shared_expert_intermediate)))
 
   def local(x, cot, *ps):
@@ -441,14 +441,14 @@ def _fwd_bwd(cfg, fwd_impl="fused"):
                          p.get("shared_down"), config=cfg, axis_name="ep", impl="fused")
     return g[0], g[2], g[3]
 
-  m = ep_mesh(1)
+  m = ep_mesh(ep)
   f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), P("ep"), *[SPECS[n] for n in names]),
                     out_specs=(P("ep"), SPECS["gate_up"], SPECS["down"]))
   return jax.jit(f), m
 
 
-def _fwd_bwd_lowered(cfg, fwd_impl="fused"):
-  f, m = _fwd_bwd(cfg, fwd_impl)
+def _fwd_bwd_lowered(cfg, fwd_impl="fused", ep=1):
+  f, m = _fwd_bwd(cfg, fwd_impl, ep)
   _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), make_params(cfg, BF16, bool(cfg.shared_expert_intermediate)))
   return f.trace(xs, put(fresh((T, cfg.hidden), BF16), m, P("ep")), *ps).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -583,3 +583,21 @@ def test_lowers_at_ep2_with_the_mesh_groups(no_gpu_needed):
   r = moe_arena_rows(t, k, e, 2) + moe_shared_rows(t, False) + moe_return_rows(t, k, e, 2)
   assert f"tensor<{e // 2}x{h}x{2 * i}xbf16>" in call and f"tensor<{r}x{h}xbf16>" in call, call
   assert f"tensor<{moe_workspace_bytes(t, k, e, h, i, False, 2)}xui8>" in call, call
+
+
+def test_backward_lowers_at_ep2_with_the_mesh_groups(no_gpu_needed):
+  """At EP > 1 the fused backward follows the fused forward over the same EP groups: it
+  takes x (each rank pushes its pairs' x rows to their owners for wgrad1), the forward's
+  EP workspace, its rank's experts, and returns dx_rows with the returned rows."""
+  cfg = SOFTMAX.replace(hidden=128)
+  text = _fwd_bwd_lowered(cfg, ep=2)
+  calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_backward" in line]
+  assert len(calls) == 1, text[-3000:]
+  call, t, e, h, i, k = calls[0], T // 2, cfg.num_experts, cfg.hidden, cfg.expert_intermediate, cfg.top_k
+  m = ep_mesh(2)
+  ids = [d.id for d in m.devices.reshape(-1)]
+  assert f"groups = dense<[{ids[0]}, {ids[1]}]> : tensor<2xi64>" in call and "ep = 2 : i64" in call, call
+  fws, bws = moe_workspace_bytes(t, k, e, h, i, False, 2), moe_backward_workspace_bytes(t, k, e, h, i, False, 2)
+  assert (f"tensor<{e // 2}x{i}x{h}xbf16>, tensor<{fws}xui8>, tensor<{t}x{h}xbf16>, tensor<1xbf16>") in call, call
+  r = moe_arena_rows(t, k, e, 2) + moe_return_rows(t, k, e, 2)
+  assert f"-> (tensor<{t}x{h}xbf16>, tensor<{r}x{h}xbf16>" in call and f"tensor<{bws}xui8>)" in call, call

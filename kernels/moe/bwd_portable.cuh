@@ -1,4 +1,4 @@
-// The MoE backward megakernel with portable builders, EP = 1: the forward's
+// The MoE backward megakernel with portable builders: the forward's
 // CTA life (moe_fwd_cta) over its device ops (moe/fwd_ops.cuh) with the
 // backward's build queue (MoeBwdBuilds, moe/bwd_queues.h) run one tile at a
 // time (moe_build_serial) on the portable tile engine (gemm/portable/
@@ -25,8 +25,10 @@
 // Memory model, as the portable forward's: start() acquires CTA-wide (thread
 // 0 waits, then a CTA barrier) what a tile reads that the launch writes: the
 // dgrads' A (the gathered dY rows, dgrad2's dh1) through a_source, L2-only;
-// the wgrads' B (dY rows, dh1) through kMovedB, L2-only. The forward's
-// workspace (x rows, act, h1) and the weights were written before the launch.
+// the wgrads' B (dY rows, dh1) through kMovedB and their A (at EP > 1 wgrad1's
+// X rows arrive in the launch) through a_source, L2-only. The forward's
+// workspace (x rows at EP = 1, act, h1) and the weights were written before
+// the launch.
 #pragma once
 #include <cstddef>
 #include <type_traits>
@@ -97,12 +99,21 @@ struct MoePortableDgradHooks {
   }
 };
 
-// A wgrad tile's hooks: its B (dY rows or dh1) was written during the launch.
+// A wgrad tile's hooks: its B (dY rows or dh1) was written during the launch,
+// and so, at EP > 1, was wgrad1's A (the X rows peers pushed): both L2-only
+// (a_source names the Problem's own A).
 struct MoePortableWgradHooks {
-  static constexpr bool kTileDone = false, kMapsRows = false, kMovedB = true;
+  static constexpr bool kTileDone = false, kMapsRows = false, kMovedB = true, kSplitA = true;
+  const gemm::bf16* a;
+  int rows;  // a's rows (the Problem's M)
   KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}
+  KOSMOS_DEVICE const gemm::bf16* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
+    *a_rows = rows;
+    *tile_m = t.m;
+    return a;
+  }
 };
 
 template <typename T>
@@ -181,7 +192,7 @@ struct MoePortableBwdOps : MoeLocalOps {
     const gemm::bf16* a = gemm == 2 ? elems(pp.act) + lo * I : sh ? elems(pp.x) : elems(pp.x_rows) + lo * H;
     const gemm::bf16* b = gemm == 1 ? elems(pp.dh1) + lo * 2 * I : sh ? elems(p().x) : elems(p().arena) + lo * H;
     bf16_t* c = gemm == 2 ? (sh ? pp.dsw2 : pp.dw2 + (size_t)t.x * I * H) : (sh ? pp.dsw1 : pp.dw1 + (size_t)t.x * H * 2 * I);
-    MoePortableWgradHooks h;
+    MoePortableWgradHooks h{a, M};
     Wg::tile(gemm::Problem{a, b, c, M, N, K}, {t.n / cols, t.n % cols}, sm.tile, h);
   }
 };

@@ -3,7 +3,8 @@
 // over the same plan: the front recomputes the forward's layout from the same
 // routing, so every pair has the row it had in the forward; the move queue's
 // parts gather each pair's dY row (output gating: scaled by its weight) into
-// the arena (the x rows are the forward's, in its workspace); the combine
+// the arena (the x rows are the forward's: in its workspace at EP = 1; at
+// EP > 1 the movers push them again, into the owners' X arenas); the combine
 // queue returns the dX rows; the fold sums a token's k dX rows (and the shared
 // expert's) in slot order. Only the build queue differs, and the words of the
 // work that its Ops do (the Hopper kernel: moe/bwd_sm90.cuh). Per
@@ -24,7 +25,8 @@
 // builder switches its engine's operands at most twice more), each once its
 // expert's row blocks' dgrad2 tiles are done (every wgrad tile follows every
 // dgrad2 tile in the queue, so they are claimed; a wgrad waits on nothing
-// else, and nothing in the launch waits on a wgrad):
+// else but, at EP > 1, wgrad1 on its X rows, which every rank's movers push
+// after their dY parts; nothing in the launch waits on a wgrad):
 //
 //  wgrad2  kind 3, tile n of nw2: a block of dW2[x] [I, H] = act[x]^T @ dY_rows[x]
 //  wgrad1  kind 4, tile n of nw1: a block of dW1[x] [H, 2I] = X_rows[x]^T @ d(gate | up)[x]
@@ -111,6 +113,10 @@ struct MoeBwdBuilds {
     int first, last;
     moe_expert_row_blocks(s, L, t.x, &first, &last);
     for (int rb = first; rb < last; ++rb) ops.wait(MoeFlag::kGemm1, rb);
+    // At EP > 1 wgrad1's X rows come in X parts of their own (s.x_parts), after the dY rows.
+    if (t.gemm == (int)MoeBwdKind::kWgrad1 && s.x_parts && t.x < s.e_local)
+      for (int src = 0; src < s.ep; ++src)
+        if (moe_src(s, L, t.x, src + 1) > moe_src(s, L, t.x, src)) ops.wait(MoeFlag::kXArrived, src * s.e_local + t.x);
   }
   KOSMOS_MOE_INLINE void done(const MoeTile& t) {
     if (t.gemm <= (int)MoeBwdKind::kDgrad1) rows().done(t);

@@ -1,18 +1,21 @@
-// The MoE backward's workspace at EP = 1 (moe/bwd_sm90.cuh): one byte buffer
+// The MoE backward's workspace (moe/bwd_sm90.cuh): one byte buffer
 // (the FFI's `ws` result) cut into sections of whole KiB, as the forward's
 // (moe/fwd_ws.h). kosmos_jax/ops/_fused_moe_bwd.py computes the same total.
 //
-//   ctrl      kMoeCtrlBytes  MoeCtrl: zeroed before each launch
+//   ctrl      kMoeCtrlBytes  MoeCtrl at EP = 1: zeroed before each launch (at EP > 1 in the heap)
 //   rb        32 per row block of R + S: dgrad2 / dgrad1 flags and counts, zeroed with ctrl
 //   hist      [nb][E] int
 //   order     [R] int
-//   arena     [R][H] bf16    the pairs' dY rows (output gating: w * dY), padding rows zeroed
+//   arena     [R][H] bf16    the pairs' dY rows (output gating: w * dY), padding rows zeroed;
+//                            EP = 1 only (at EP > 1 peers push them: the heap, moe/fwd_heap.h)
 //   dh1       [R + S][2I] bf16  d(gate | up), dgrad2's (the shared expert's in the last S rows)
 //
 // (dgrad1's dX rows and the pairs' rows are results of the launch.)
 // The forward's workspace (its residual) holds what the backward reads of the
-// forward: the gathered x rows, act and h1, in the same arena rows (the
-// backward's front recomputes the forward's plan from the same routing).
+// forward: act and h1 and, at EP = 1, the gathered x rows, in the same arena
+// rows (the backward's front recomputes the forward's plan from the same
+// routing). At EP > 1 the x rows are pushed again (moe/fwd_sched.h).
+// R = moe_rank_rows (moe/fwd_ws.h).
 #pragma once
 #include <cstddef>
 
@@ -25,8 +28,9 @@ struct MoeBwdWs {
   size_t zeroed;                                   // bytes from 0 the launcher clears
 };
 
-KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int E, int H, int I, bool shared) {
-  const size_t R = (size_t)moe_ep1_rows(t, k, E), S = (size_t)moe_shared_rows(t, shared);
+KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared) {
+  const int E = ep * e_local;
+  const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), S = (size_t)moe_shared_rows(t, shared);
   const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
   MoeBwdWs w{};
   w.ctrl = 0;
@@ -34,7 +38,7 @@ KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int E, int H, int I, b
   w.hist = w.rb + moe_ws_align((R + S) / kMoeTileRows * 32);
   w.order = w.hist + moe_ws_align(nb * E * 4);
   w.arena = w.order + moe_ws_align(R * 4);
-  w.dh1 = w.arena + moe_ws_align(R * H * 2);
+  w.dh1 = w.arena + (ep == 1 ? moe_ws_align(R * H * 2) : 0);
   w.total = w.dh1 + moe_ws_align((R + S) * 2 * I * 2);
   w.zeroed = w.hist;
   return w;

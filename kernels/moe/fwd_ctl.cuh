@@ -42,6 +42,8 @@ struct MoeCtrl {
   uint64_t scanned, planned, laid_out;
   uint64_t arrived[kMaxExperts];           // [ep * E_l]
   uint64_t returned[kMaxExperts];          // [E]
+  uint32_t x_parts[kMaxExperts];           // MoeCount kXParts [ep * E_l] (the backward at EP > 1)
+  uint64_t x_arrived[kMaxExperts];         // [ep * E_l]
   int plan_counts[kMaxExperts];            // [E] this rank's pairs per expert
   int start1[kMaxExperts + 1];             // packed segment starts (plan_segments<1>)
   int table[kEpMaxRanks * kMaxExperts];    // [ep][E] exchanged counts
@@ -81,6 +83,11 @@ struct MoeFwdParams {
   bf16_t* peer_arena[kEpMaxRanks];
   bf16_t* peer_ret[kEpMaxRanks];
   char* heap;             // our heap, whose HeapUse CTA 0 waits on (nullptr at EP = 1)
+  // The backward at EP > 1 (s.x_parts): the forward's input x [t][H], pushed as
+  // each owner's X rows (peer_xrows[d]: d's [R][H] X arena in its heap; ours is
+  // the one wgrad1 reads), scaled as the forward's arena rows were.
+  const bf16_t* x_fwd;
+  bf16_t* peer_xrows[kEpMaxRanks];
   int movers, switching;
   uint64_t timeout_ns;
   TraceBuf trace;         // role timeline (KOSMOS_TRACE builds; records == nullptr: off)
@@ -96,7 +103,8 @@ struct MoeCtl {
 
   // Whether another rank releases flag f (so it is acquired at system scope).
   KOSMOS_DEVICE static bool cross(MoeFlag f) {
-    return f == MoeFlag::kReady || f == MoeFlag::kCounts || f == MoeFlag::kArrived || f == MoeFlag::kReturned;
+    return f == MoeFlag::kReady || f == MoeFlag::kCounts || f == MoeFlag::kArrived || f == MoeFlag::kReturned ||
+           f == MoeFlag::kXArrived;
   }
   KOSMOS_DEVICE bool sys(MoeFlag f) const { return p->s.ep > 1 && cross(f); }
   KOSMOS_DEVICE uint64_t* flag(MoeFlag f, int i) const { return flag_at(p->ctrl, f, i); }
@@ -111,6 +119,7 @@ struct MoeCtl {
       case MoeFlag::kArrived: return c->arrived + i;
       case MoeFlag::kGemm1: return p->rb_flags + i;
       case MoeFlag::kGemm2: return p->rb_flags + p->rbs + i;
+      case MoeFlag::kXArrived: return c->x_arrived + i;
       default: return c->returned + i;
     }
   }
@@ -121,6 +130,7 @@ struct MoeCtl {
       case MoeCount::kScattered: return &c->scattered;
       case MoeCount::kParts: return c->parts + i;
       case MoeCount::kGemm1: return p->rb_counts + i;
+      case MoeCount::kXParts: return c->x_parts + i;
       default: return p->rb_counts + p->rbs + i;
     }
   }

@@ -13,6 +13,8 @@
 //                   pushed by every source (moe_rank_rows rows: never overflows)
 //   returned rows   [P][H] bf16 after it: our pairs' expert outputs, pushed
 //                   back by their owners in our packed send order
+//   X arena         [R][H] bf16 after them, the backward's only: the forward's
+//                   input rows of our experts' pairs, for wgrad1 (moe/fwd_sched.h)
 //
 // The data region is shared with the TP+SP ops: a launch's CTA 0 waits on
 // HeapUse (tp/heap_use.cuh: the last TP+SP writer's readers are done) before
@@ -29,22 +31,25 @@
 namespace kosmos::moe {
 
 constexpr size_t kMoeCtrlTableOffset = kRsCtrlTableOffset + (size_t)kCtrlSlots * kRsCtrlStride;
-constexpr size_t kMoeCtrlStride = 45056;  // sizeof(MoeCtrl) in whole 4 KiB pages (fwd_ctl.cuh checks it)
+constexpr size_t kMoeCtrlStride = 49152;  // sizeof(MoeCtrl) in whole 4 KiB pages (fwd_ctl.cuh checks it)
 static_assert(kMoeCtrlTableOffset + (size_t)kCtrlSlots * kMoeCtrlStride <= kHeapDataOffset,
               "the MoE control table must fit below the data region");
 
 KOSMOS_HD constexpr size_t moe_ctrl_offset(int slot) { return kMoeCtrlTableOffset + (size_t)slot * kMoeCtrlStride; }
 
 struct MoeHeap {
-  size_t arena, ret, end;  // byte offsets in the heap; end: the heap bytes the call needs
+  size_t arena, ret, xrows, end;  // byte offsets in the heap; end: the heap bytes the call needs
 };
 
-KOSMOS_HD inline MoeHeap moe_heap_layout(int t, int k, int ep, int e_local, int H) {
+// xrows: the backward's layout, whose X arena [R][H] follows the returned rows
+// (its arena holds the dY rows, its returned rows the dX rows).
+KOSMOS_HD inline MoeHeap moe_heap_layout(int t, int k, int ep, int e_local, int H, bool xrows = false) {
   const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), P = (size_t)moe_return_rows(t, k, ep, ep * e_local);
   MoeHeap h{};
   h.arena = kHeapDataOffset;
   h.ret = h.arena + moe_ws_align(R * H * 2);
-  h.end = h.ret + moe_ws_align(P * H * 2);
+  h.xrows = h.ret + moe_ws_align(P * H * 2);
+  h.end = h.xrows + (xrows ? moe_ws_align(R * H * 2) : 0);
   return h;
 }
 

@@ -45,6 +45,10 @@ struct MoeFwdShape {
   // arena row block the layout can use (shared_blocks = ceil(t / tile_m)).
   int shared_rb0, shared_blocks;
   int band;          // row blocks per band of the build queue's tile order (moe/fwd_queues.h)
+  // The backward at EP > 1: the move queue also pushes each pair's forward input
+  // row (the X rows wgrad1 contracts) into its owner's X arena, after every dY
+  // part (moe/fwd_queues.h moe_move_item). At EP = 1 the forward's arena is kept.
+  int x_parts = 0;
 };
 
 KOSMOS_HD inline int moe_cdiv(int a, int b) { return (a + b - 1) / b; }

@@ -309,20 +309,26 @@ KOSMOS_DEVICE void MoeLocalOps::push_unit(const MoeUnit& c) {
 // rows become zeros, written by the last group's part of the last source with
 // rows in it (so before the arrival that GEMM1's last row block of the segment
 // waits on): their products are then zeros, and the backward's weight
-// gradients contract whole row blocks of them.
+// gradients contract whole row blocks of them. The backward's X part (m.xrows)
+// sends the forward's input rows into the X arena the same way, scaled as the
+// forward's arena rows were: the backward's input_gating is the forward's
+// turned over (its dY rows carry the weight under output gating), so X rows
+// carry it when the backward's dY rows do not.
 KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
   const TraceSpan span;
   const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H;
   int begin, end;
   moe_part_rows(s(), ends(), m, &begin, &end);
   const int at = layout().dst[ex], start = p().ctrl->start1[ex];
-  bf16_t* arena = m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
+  bf16_t* arena = m.xrows ? p().peer_xrows[m.dst] : m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
+  const bf16_t* x = m.xrows ? p().x_fwd : p().x;
+  const bool gated = m.xrows ? !p().input_gating : p().input_gating != 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = begin + warp; r < end; r += blockDim.x / 32) {
     const int q = p().order[start + r];
-    const uint4* from = reinterpret_cast<const uint4*>(p().x + (size_t)(q / k) * H);
+    const uint4* from = reinterpret_cast<const uint4*>(x + (size_t)(q / k) * H);
     uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(at + r) * H);
-    moe_copy_row(from, to, H / 8, lane, p().input_gating != 0, p().input_gating ? p().weights[q] : 1.f);
+    moe_copy_row(from, to, H / 8, lane, gated, gated ? p().weights[q] : 1.f);
   }
   if (m.g == s().groups - 1) {
     const MoeSegment g = moe_segment(s(), p().ctrl->table, ex, s().rank);
@@ -335,7 +341,8 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceMove, (m.x * s().groups + m.g) * s().ep + m.dst);
+  if (threadIdx.x == 0)
+    span.close(p().trace, ctl.cta, kTraceMove, ((m.xrows * s().e_local + m.x) * s().groups + m.g) * s().ep + m.dst);
 }
 
 // Fold item: tokens [first, last), a warp per token (moe_fold_row): its k

@@ -10,20 +10,26 @@
 namespace kosmos::moe {
 
 enum class MoeQueue : int { kFront, kMove, kBuild, kCombine, kFold };
-enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2 };
+enum class MoeCount : int { kRouted, kScattered, kParts, kGemm1, kGemm2, kXParts };
 // Flags by index: kReady[rank], kCounts[rank], kScanned/kPlanned/kLaidOut[0],
-// kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x).
-enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned };
-constexpr int kMoeFlags = 9;
+// kArrived[src * E_l + x], kGemm1/kGemm2[row block], kReturned[e] (e = d * E_l + x),
+// kXArrived[src * E_l + x] (the backward's X rows at EP > 1).
+enum class MoeFlag : int { kReady, kCounts, kScanned, kPlanned, kLaidOut, kArrived, kGemm1, kGemm2, kReturned,
+                           kXArrived };
+constexpr int kMoeFlags = 10;
 // The flag's name, for a timed-out wait's report (WaitSite::flag).
 KOSMOS_HD inline const char* moe_flag_name(MoeFlag f) {
   const char* const names[kMoeFlags] = {"ready", "counts", "scanned", "planned", "laid_out",
-                                        "arrived", "gemm1", "gemm2", "returned"};
+                                        "arrived", "gemm1", "gemm2", "returned", "x_arrived"};
   return names[(int)f];
 }
 
 KOSMOS_HD inline int moe_n_front(const MoeFwdShape& s) { return 2 * moe_blocks(s) + 1; }
-KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
+// Dispatch parts of one kind (dY or x rows), and the move queue: the backward at
+// EP > 1 pushes its X parts after every dY part (dgrad2 needs the dY rows first;
+// only wgrad1, queued after every dgrad tile, reads X).
+KOSMOS_HD inline int moe_n_parts(const MoeFwdShape& s) { return s.e_local * s.groups * s.ep; }
+KOSMOS_HD inline int moe_n_move(const MoeFwdShape& s) { return moe_n_parts(s) * (s.x_parts ? 2 : 1); }
 // GEMM row blocks: the layout's (the routed experts') and the shared expert's.
 KOSMOS_HD inline int moe_n_gemm1(const MoeFwdShape& s, const MoeLayout& L) {
   return (moe_row_blocks(s, L) + s.shared_blocks) * s.nt1;
@@ -49,10 +55,12 @@ KOSMOS_HD inline int moe_fold_item(const MoeFwdShape& s, int f, int* first, int*
 KOSMOS_HD inline int moe_rotated(const MoeFwdShape& s, int i) { return (s.rank + 1 + i) % s.ep; }
 
 struct MoeMove {
-  int x, g, dst;  // dst's local expert x, token group g
+  int x, g, dst;       // dst's local expert x, token group g
+  bool xrows = false;  // the backward's X part (the forward's input rows), else the direction's rows
 };
 KOSMOS_HD inline MoeMove moe_move_item(const MoeFwdShape& s, int q) {
-  return {q / (s.groups * s.ep), q / s.ep % s.groups, moe_rotated(s, q % s.ep)};
+  const int n = moe_n_parts(s), j = q % n;
+  return {j / (s.groups * s.ep), j / s.ep % s.groups, moe_rotated(s, j % s.ep), q >= n};
 }
 
 struct MoeTile {

@@ -23,6 +23,12 @@
 //           every GEMM1 row block is read by nt1 tiles, so one copy costs less
 //           than nt1 gathers, the Hopper engine reads A with TMA, which needs
 //           the rows contiguous, and the grouped rows are the backward's X.
+//           The backward at EP > 1 (s.x_parts) then pushes the same parts again
+//           with the forward's input rows into d's X arena, releasing
+//           x_arrived[source, x]: the forward's arena is in the heap, which the
+//           next MoE launch (the next layer's) overwrites, so its X rows do not
+//           outlive the forward; sent after every dY part, in link time the
+//           backward leaves idle (paper §3.3.2), they are read only by wgrad1.
 //  build    GEMM1 tiles (row block, column block of 2I as SwiGLU pairs: each
 //           tile holds the gate and up columns of the same I columns), then GEMM2
 //           tiles (row block, column block of H); routed row blocks are
@@ -136,8 +142,8 @@ KOSMOS_MOE_INLINE void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
   for (int q = ops.claim(MoeQueue::kMove); q < n; q = ops.claim(MoeQueue::kMove)) {
     const MoeMove m = moe_move_item(s, q);
     ops.push_part(m);
-    if (ops.count(MoeCount::kParts, m.dst * s.e_local + m.x, s.groups))
-      ops.release(MoeFlag::kArrived, m.dst, s.rank * s.e_local + m.x);
+    if (ops.count(m.xrows ? MoeCount::kXParts : MoeCount::kParts, m.dst * s.e_local + m.x, s.groups))
+      ops.release(m.xrows ? MoeFlag::kXArrived : MoeFlag::kArrived, m.dst, s.rank * s.e_local + m.x);
   }
 }
 
@@ -294,8 +300,9 @@ KOSMOS_MOE_INLINE void moe_fold_all(Ops& ops, const MoeFwdShape& s) {
 //    earlier in the front queue; the layout item on every rank's scanner.
 //    kPlanned / kLaidOut after the front queue is empty: every front item is
 //    claimed by then.
-//  kArrived: dispatch parts wait on nothing (front work is done), and every rank
-//    has a mover that drains its move queue, so every part is pushed.
+//  kArrived (kXArrived, the backward's X rows): dispatch parts wait on nothing
+//    (front work is done), and every rank has a mover that drains its move
+//    queue, so every part is pushed.
 //  kGemm1: GEMM1 tiles precede every GEMM2 tile in the build queue, so they are
 //    claimed, and they wait only on kArrived (the shared expert's on nothing).
 //  kGemm2 (a unit): a two-way mover builds instead of waiting while tiles are

@@ -49,13 +49,11 @@ def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, conf
   return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
 
 
-def _backward_impl(impl, axis_name):
+def _backward_impl(impl):
   """The backward's path: `impl`, except that where ops.moe_backward's fused kernel
-  cannot run at all (not compiled, no usable GPU, EP > 1) a fused forward is paired
-  with the twin's backward (which reads the fused forward's residuals), rather than a
-  backward that raises."""
-  if _compat.axis_size(axis_name) > 1:
-    return "reference"
+  cannot run at all (not compiled, no usable GPU) a fused forward is paired with the
+  twin's backward (which reads the fused forward's residuals), rather than a backward
+  that raises."""
   return impl if ops.fused_status("moe_backward")[0] else "reference"
 
 
@@ -65,7 +63,7 @@ def _moe_bwd(config, axis_name, impl, precision, cu_cap, launch, saved, cts):
   primals = (res.x, router_w, gate_up, down, shared_gate_up, shared_down)
   dy = _compat.pvary_to(dy, _compat.vma(res.x))
   grads = ops.moe_backward(res, dy, daux, router_w, gate_up, down, shared_gate_up, shared_down,
-                           config=config, axis_name=axis_name, impl=_backward_impl(impl, axis_name),
+                           config=config, axis_name=axis_name, impl=_backward_impl(impl),
                            precision=precision, cu_cap=cu_cap)
   # Replicated weights (router, shared expert) got per-rank partial gradients: sum them.
   grads = tuple(None if g is None else _compat.reduce_to_vma(g, _compat.vma(p))

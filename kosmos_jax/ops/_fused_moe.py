@@ -5,8 +5,8 @@ epilogue, GEMM2, the shared expert's tiles and the fold (kernels/moe/fwd_sched.h
 At EP > 1 (the axis_name axis of a jax.shard_map over a concrete mesh, one host's
 GPUs) the same launch on every rank pushes its rows into the owners' arenas and the
 expert outputs back, through the ranks' symmetric heaps (kernels/moe/fwd_heap.h; its
-size: KOSMOS_HEAP_MB, and the handler names what a call needs). At EP > 1 there is no
-fused backward yet: moe_layer pairs this forward with the twin's backward.
+size: KOSMOS_HEAP_MB, and the handler names what a call needs); the fused backward
+(kosmos_jax/ops/_fused_moe_bwd.py) runs there too.
 Any CUDA GPU: the expert GEMMs run on the Hopper tile engine on compute capability 9.0
 and on the portable one elsewhere (and everywhere with KOSMOS_FUSED_BUILDERS=portable);
 the handler counts which ran (kosmos_jax.testing.builder_runs()["moe_forward"]).
@@ -231,8 +231,7 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
                       config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch()):
   """ops.moe_forward in one launch (operands validated by ops.moe_forward): (y [t, h]
   bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns them, the
-  residuals without dispatched rows (xr = h1 = None), and at EP > 1 without the
-  workspace (no fused backward reads it there)."""
+  residuals without dispatched rows (xr = h1 = None), with the launch's workspace."""
   op = "moe_forward"
   ep = int(_compat.axis_size(axis_name))
   check_fused(op, x, config, ep)
@@ -244,7 +243,6 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   y, y_rows, pair_row, hs, ws = _launch(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
                                         shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch,
                                         axis_name=axis_name)
-  ws = ws if ep == 1 else None
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)

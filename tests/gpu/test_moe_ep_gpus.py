@@ -1,7 +1,7 @@
-"""The fused MoE forward over an EP group of separate GPUs (issue 29; needs 2 or more):
+"""The fused MoE layer over an EP group of separate GPUs (issue 29; needs 2 or more):
 ops.moe_forward under jax.shard_map with impl="fused" against its twin, and jax.grad
-of moe_layer (the fused forward, the twin's backward at EP > 1) against the reference
-layer's, on every router kind. One GPU runs none of this (the loopback ranks of
+of moe_layer (fused in both directions) against the reference layer's, bit for bit
+over two runs, on every router kind. One GPU runs none of this (the loopback ranks of
 tests/gpu/test_moe_loopback.py cover the device protocol there)."""
 from __future__ import annotations
 
@@ -74,5 +74,8 @@ def test_layer_grad_across_gpus_equals_reference(kind):
   p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
   x, cot = fresh((512 * ep, cfg.hidden), BF16), fresh((512 * ep, cfg.hidden))
   got, want = (layer_grads(cfg, _mesh(ep), x, p, cot, impl) for impl in ("fused", "reference"))
+  again = layer_grads(cfg, _mesh(ep), x, p, cot, "fused")
   for name in got:
-    assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused forward vs reference")
+    assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused vs reference")
+    assert np.array_equal(np.asarray(got[name], np.float32), np.asarray(again[name], np.float32)), \
+        f"{kind} d{name}: two fused runs differ"

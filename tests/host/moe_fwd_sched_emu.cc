@@ -13,8 +13,9 @@
 // is gate * up of x with per-expert weights, the "GEMM2" a product with a
 // second weight, and the fold's output must equal a direct per-token
 // computation: the layout, the offsets and the modes are right. Backward: the
-// same plan, dispatch of (w * dY, x) rows, "dgrad2" (dact = dY W2^T, then the
-// stand-in SwiGLU's backward: d gate = dact * up, d up = dact * gate), "dgrad1"
+// same plan, dispatch of w * dY rows (at EP > 1 then x rows in parts of their
+// own, which only wgrad1 reads, after their flag), "dgrad2" (dact = dY W2^T,
+// then the stand-in SwiGLU's backward: d gate = dact * up, d up = dact * gate), "dgrad1"
 // (dX rows), the weight gradients of every local expert (all ranks' rows) and
 // of the shared expert, the dX combine and fold, all against direct sums.
 // Checks: every queue item runs exactly once per epoch and every flag is
@@ -77,6 +78,7 @@ struct Case {
   MoeFwdShape shape(int rank) const {
     // Bands of 1-3 row blocks in the build queue's tile order, varied over the cases.
     MoeFwdShape s{ep, rank, t, k, B, e_local, tile_m, nt1, nt2, groups, capacity, 0, 0, 1 + (W + t) % 3};
+    s.x_parts = backward && ep > 1;  // the backward's X rows in parts of their own (moe/fwd_sched.h)
     if (shared) s.shared_rb0 = moe_max_row_blocks(s), s.shared_blocks = moe_cdiv(t, tile_m);
     return s;
   }
@@ -200,21 +202,25 @@ int row_blocks(const MoeFwdShape& s) {
 
 
 // Backward: y holds the dX rows (the second GEMM's output, as the forward's
-// y rows), dy the dispatched output gradients, dg / du the first GEMM's.
+// y rows), dy the dispatched output gradients, dg / du the first GEMM's; xfwd
+// the forward's input row, which stands for what the forward left at the owner
+// (act and h1, which dgrad2 reads), x the X rows wgrad1 reads (at EP > 1 they
+// come in X parts of their own, tagged in xtag).
 struct Arena {
-  std::vector<float> x, act, y, dy, dg, du;  // [rows][H], [rows][I], [rows][H], [rows][H], [rows][I] x 2
-  std::vector<uint64_t> tag;                 // [rows] (epoch, source) of the dispatched row
-  std::vector<uint64_t> act_e, y_e;          // [rows][I], [rows][H] epoch each element was computed in
+  std::vector<float> x, xfwd, act, y, dy, dg, du;  // [rows][H] x 2, [rows][I], [rows][H] x 2, [rows][I] x 2
+  std::vector<uint64_t> tag, xtag;                 // [rows] (epoch, source) of the dispatched row, of its X row
+  std::vector<uint64_t> act_e, y_e;                // [rows][I], [rows][H] epoch each element was computed in
   Arena(int rows, int H, int I)
-      : x((size_t)rows * H), act((size_t)rows * I), y((size_t)rows * H), dy((size_t)rows * H), dg((size_t)rows * I),
-        du((size_t)rows * I), tag(rows), act_e((size_t)rows * I), y_e((size_t)rows * H) {}
+      : x((size_t)rows * H), xfwd((size_t)rows * H), act((size_t)rows * I), y((size_t)rows * H),
+        dy((size_t)rows * H), dg((size_t)rows * I), du((size_t)rows * I), tag(rows), xtag(rows),
+        act_e((size_t)rows * I), y_e((size_t)rows * H) {}
 };
 
 // One rank's device memory: control words as in the kernel, plan, arenas.
 struct Rank {
   uint64_t epoch = 0;
   uint32_t queue[kQueues] = {}, finished = 0, routed = 0, scattered = 0;
-  std::vector<uint32_t> parts, g1, g2;  // counters: [E] by (dst, x), [row blocks] x 2
+  std::vector<uint32_t> parts, xparts, g1, g2;  // counters: [E] by (dst, x) x 2, [row blocks] x 2
   std::vector<uint64_t> flags[kFlags];  // by MoeFlag
   std::vector<int> table;               // [ep][E] exchanged counts
   std::vector<int> idx, hist, counts, start1, pos, order;
@@ -230,13 +236,13 @@ struct Rank {
   std::vector<uint32_t> ran[kQueues], released[kFlags];
   uint32_t scans = 0;
   Rank(const Case& c, const MoeFwdShape& s)
-      : parts(c.E()), g1(row_blocks(s)), g2(row_blocks(s)), table((size_t)c.ep * c.E()),
+      : parts(c.E()), xparts(c.E()), g1(row_blocks(s)), g2(row_blocks(s)), table((size_t)c.ep * c.E()),
         idx(c.t * c.k), hist((size_t)moe_blocks(s) * c.E()), counts(c.E()), start1(c.E() + 1), pos(c.t * c.k),
         order(c.t * c.k), w(c.t * c.k),
         arena{Arena(moe_arena_rows(s, false), c.H(), c.I()), Arena(moe_arena_rows(s, true), c.H(), c.I())},
         shared(s.shared_blocks * s.tile_m, c.H(), c.I()), ret((size_t)c.t * c.k * c.H()), out((size_t)c.t * c.H()),
         ret_tag(c.t * c.k), dw2((size_t)(c.e_local + 1) * c.I() * c.H()), dw1g(dw2.size()), dw1u(dw2.size()) {
-    const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), row_blocks(s), row_blocks(s), c.E()};
+    const int sizes[kFlags] = {c.ep, c.ep, 1, 1, 1, c.E(), row_blocks(s), row_blocks(s), c.E(), c.E()};
     for (int f = 0; f < kFlags; ++f) {
       flags[f].assign(sizes[f], 0);
       released[f].assign((size_t)c.ep * sizes[f], 0);
@@ -286,7 +292,8 @@ struct HostOps {
   }
   bool count(MoeCount k, int i, int target) {
     uint32_t* p = k == MoeCount::kRouted ? &me().routed : k == MoeCount::kScattered ? &me().scattered
-                : k == MoeCount::kParts ? &me().parts[i] : k == MoeCount::kGemm1 ? &me().g1[i] : &me().g2[i];
+                : k == MoeCount::kParts ? &me().parts[i] : k == MoeCount::kXParts ? &me().xparts[i]
+                : k == MoeCount::kGemm1 ? &me().g1[i] : &me().g2[i];
     if (add_acq_rel_gpu_u32(p, 1) + 1 != (uint32_t)target) return false;
     __atomic_store_n(p, 0u, __ATOMIC_RELAXED);  // re-armed: no other add this launch
     return true;
@@ -357,7 +364,7 @@ struct HostOps {
 
   // ---- dispatch, GEMMs, combine, fold ----
   void push_part(const MoeMove& m) {
-    ran(MoeQueue::kMove, (m.x * c.groups + m.g) * c.ep + (m.dst - rank - 1 + c.ep) % c.ep);
+    ran(MoeQueue::kMove, (m.x * c.groups + m.g) * c.ep + (m.dst - rank - 1 + c.ep) % c.ep + m.xrows * moe_n_parts(s));
     const int ex = m.dst * c.e_local + m.x, at = layout().dst[ex], H = c.H();
     int begin, end;
     moe_part_rows(s, ends(), m, &begin, &end);
@@ -366,8 +373,14 @@ struct HostOps {
     for (int r = begin; r < end; ++r) {
       const int p = me().order[me().start1[ex] + r];
       EMU_CHECK(me().idx[p] == ex && at + r < (int)to.tag.size(), "rank %d: part row %d of expert %d", rank, r, ex);
-      std::copy(in.x.begin() + (size_t)(p / c.k) * H, in.x.begin() + (size_t)(p / c.k + 1) * H,
-                to.x.begin() + (size_t)(at + r) * H);
+      const auto xr = in.x.begin() + (size_t)(p / c.k) * H;
+      if (m.xrows) {  // the backward's X part (EP > 1)
+        std::copy(xr, xr + H, to.x.begin() + (size_t)(at + r) * H);
+        __atomic_store_n(&to.xtag[at + r], row_tag(e, rank, p), __ATOMIC_RELAXED);
+        continue;
+      }
+      std::copy(xr, xr + H, to.xfwd.begin() + (size_t)(at + r) * H);
+      if (!s.x_parts) std::copy(xr, xr + H, to.x.begin() + (size_t)(at + r) * H);  // EP = 1: the forward's rows
       if (c.backward)
         for (int h = 0; h < H; ++h) to.dy[(size_t)(at + r) * H + h] = in.dy_row(c, p, h);
       __atomic_store_n(&to.tag[at + r], row_tag(e, rank, p), __ATOMIC_RELAXED);
@@ -497,7 +510,7 @@ struct HostOps {
     EMU_CHECK(seen(MoeFlag::kArrived, src * c.e_local + t.x) && tag_epoch(tag) == e && tag_src(tag) == src,
               "rank %d epoch %llu: dgrad2 row %d (expert %d, source %d) before its rows arrived", rank,
               (unsigned long long)e, row, t.x, src);
-    *x = &arena().x[(size_t)row * H], *dy = &arena().dy[(size_t)row * H];
+    *x = &arena().xfwd[(size_t)row * H], *dy = &arena().dy[(size_t)row * H];
     return true;
   }
   int model_expert(int x) const { return x == c.e_local ? c.E() : rank * c.e_local + x; }
@@ -576,6 +589,13 @@ struct HostOps {
     const int H = c.H(), I = c.I();
     std::vector<float> g(I, 0.f), u(I, 0.f);
     for (int r : wgrad_rows(t.x, -1)) {
+      if (!sh && s.x_parts) {  // the X row arrived in this epoch, from its source, after its flag
+        const int src = source_of(t.x, r - layout().rb[t.x] * c.tile_m);
+        const uint64_t tag = __atomic_load_n(&a.xtag[r], __ATOMIC_RELAXED);
+        EMU_CHECK(seen(MoeFlag::kXArrived, src * c.e_local + t.x) && tag_epoch(tag) == e && tag_src(tag) == src,
+                  "rank %d epoch %llu: wgrad1 of expert %d reads X row %d (source %d) before it arrived", rank,
+                  (unsigned long long)e, t.x, r, src);
+      }
       const float xv = (sh ? in.x : a.x)[(size_t)r * H + t.n];
       for (int k = 0; k < I; ++k) g[k] += xv * a.dg[(size_t)r * I + k], u[k] += xv * a.du[(size_t)r * I + k];
     }
@@ -722,6 +742,8 @@ void check_epoch(const Case& c, const Model& model, const Inputs& in, Rank& r, i
       const int i = rank * c.e_local + x, row_n = moe_src(s, L, x, d + 1) - moe_src(s, L, x, d);
       EMU_CHECK(rel(MoeFlag::kArrived, d, i) == 1, "rank %d: arrived[%d] at %d released %u times", rank, i, d,
                 rel(MoeFlag::kArrived, d, i));
+      EMU_CHECK(rel(MoeFlag::kXArrived, d, i) == (s.x_parts ? 1u : 0u), "rank %d: x_arrived[%d] at %d released "
+                "%u times", rank, i, d, rel(MoeFlag::kXArrived, d, i));
       EMU_CHECK(rel(MoeFlag::kReturned, d, i) == (row_n > 0 ? 1u : 0u), "rank %d: unit (x %d, dst %d) of %d rows "
                 "returned %u times", rank, x, d, row_n, rel(MoeFlag::kReturned, d, i));
     }
