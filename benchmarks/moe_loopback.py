@@ -1,12 +1,15 @@
-"""The MoE forward megakernel at EP > 1 as loopback ranks on one GPU (the cost view of
-issue 27: no byte crosses NVLink, every rank shares one GPU's SMs and HBM).
+"""The MoE megakernels at EP > 1 as loopback ranks on one GPU (the cost view of issues
+27 and 28: no byte crosses NVLink, every rank shares one GPU's SMs and HBM).
 
 Per preset and EP size: ep ranks of `tokens` tokens each, balanced routing, no shared
 expert, each rank a concurrent launch with its own heap (kosmos_jax.testing.loopback),
 against the same ep * tokens tokens through one EP = 1 launch with every expert: the
 same FLOPs and rows on the same GPU, so the ratio is what the EP protocol costs beyond
 the layer itself (count exchange, pushes into peers' heaps, returned rows, the fold's
-copies, ranks' CTAs split ep ways). Experts reduced as benchmarks/moe.py reduces them.
+copies, ranks' CTAs split ep ways; the backward also pushes every pair's x row again).
+Two arms each: the forward alone, and forward + backward launches (a training step's
+two launches; the backward's time is their difference). Experts reduced as
+benchmarks/moe.py reduces them.
 
   python3 benchmarks/moe_loopback.py --presets qwen3-30b-a3b --eps 2,8 --tokens 2048
 Writes benchmarks/results/moe_loopback_h200.csv (or --out) and prints a table.
@@ -42,15 +45,20 @@ def _inputs(rng, ranks, t, k, e, h, i):
   out = []
   for r in range(ranks):
     idx, w = _balanced(rng, t, k, e)
-    out.append([bf(rng.normal(0, 1, (t, h))), idx, w, w1[r * el:(r + 1) * el], w2[r * el:(r + 1) * el]])
+    out.append([bf(rng.normal(0, 1, (t, h))), idx, w, w1[r * el:(r + 1) * el], w2[r * el:(r + 1) * el],
+                bf(rng.normal(0, 1, (t, h)))])
   return [out]
 
 
-def _ms(ranks, t, k, e, h, i, ins, cap, calls, heap_mb):
+def _ms(ops, ranks, t, k, e, h, i, ins, cap, calls, heap_mb):
+  """ms per len(ops) launches (one forward, or a forward and its backward) on every rank."""
   kw = dict(cu_cap=cap, check=False, heap_mb=heap_mb, moe=(e, k, i, 0))
-  loopback.run(["moe_forward"], ranks, t, h, 0, ins, calls=3, **kw)  # warm-up
-  _, _, sec = loopback.run(["moe_forward"], ranks, t, h, 0, ins, calls=calls, **kw)
+  loopback.run(ops, ranks, t, h, 0, ins, calls=3 * len(ops), **kw)  # warm-up
+  _, _, sec = loopback.run(ops, ranks, t, h, 0, ins, calls=calls * len(ops), **kw)
   return 1e3 * sec / calls
+
+
+STEP = ["moe_forward", "moe_backward"]
 
 
 def main():
@@ -72,21 +80,24 @@ def main():
       t = args.tokens
       ins = _inputs(rng, ep, t, k, e, h, i)
       # The heap a rank needs (kernels/moe/fwd_heap.h): 16 MiB below the data region, then
-      # its arena and returned rows; 64 MiB to spare.
-      need = 16 + (moe_arena_rows(t, k, e, ep) + moe_return_rows(t, k, e, ep)) * h * 2 // 2**20 + 64
+      # its arena, returned rows and (the backward's) X arena; 64 MiB to spare.
+      need = 16 + (2 * moe_arena_rows(t, k, e, ep) + moe_return_rows(t, k, e, ep)) * h * 2 // 2**20 + 64
       t0 = time.time()
-      lb = _ms(ep, t, k, e, h, i, ins, sms // ep, args.calls, need)
+      lb = [_ms(ops, ep, t, k, e, h, i, ins, sms // ep, args.calls, need) for ops in (STEP[:1], STEP)]
       # The same ep * t tokens with every expert, one EP = 1 launch on the whole GPU.
-      x1 = np.concatenate([r[0] for r in ins[0]]), np.concatenate([r[1] for r in ins[0]])
-      w = np.concatenate([r[2] for r in ins[0]])
-      w1 = np.concatenate([r[3] for r in ins[0]]), np.concatenate([r[4] for r in ins[0]])
-      one = _ms(1, ep * t, k, e, h, i, [[[x1[0], x1[1], w, w1[0], w1[1]]]], sms, args.calls, 64)
-      flops = 2 * ep * t * k * h * 3 * i
-      rows.append(dict(preset=name, experts=e, ep=ep, tokens_per_rank=t, loopback_ms=round(lb, 4),
-                       ep1_ms=round(one, 4), ratio=round(lb / one, 4), ep1_tflops=round(flops / one / 1e9, 1),
-                       date=time.strftime("%Y-%m-%d"), commit=os.environ.get("KOSMOS_COMMIT", "")))
-      print(f"{name} E={e} ep={ep} t={t}/rank: loopback {lb:.3f} ms, EP=1 on {ep * t} tokens {one:.3f} ms, "
-            f"ratio {lb / one:.3f} ({time.time() - t0:.0f} s)", flush=True)
+      one_in = [[[np.concatenate([r[j] for r in ins[0]]) for j in range(6)]]]
+      one = [_ms(ops, 1, ep * t, k, e, h, i, one_in, sms, args.calls, 64) for ops in (STEP[:1], STEP)]
+      flops = 2 * ep * t * k * h * 3 * i  # the forward's; the backward's is twice it
+      rows.append(dict(preset=name, experts=e, ep=ep, tokens_per_rank=t, fwd_loopback_ms=round(lb[0], 4),
+                       fwd_ep1_ms=round(one[0], 4), fwd_ratio=round(lb[0] / one[0], 4),
+                       step_loopback_ms=round(lb[1], 4), step_ep1_ms=round(one[1], 4),
+                       step_ratio=round(lb[1] / one[1], 4), bwd_ratio=round((lb[1] - lb[0]) / (one[1] - one[0]), 4),
+                       ep1_step_tflops=round(3 * flops / one[1] / 1e9, 1), date=time.strftime("%Y-%m-%d"),
+                       commit=os.environ.get("KOSMOS_COMMIT", "")))
+      print(f"{name} E={e} ep={ep} t={t}/rank: forward loopback {lb[0]:.3f} ms vs EP=1 on {ep * t} tokens "
+            f"{one[0]:.3f} ms ({lb[0] / one[0]:.3f}x); forward + backward {lb[1]:.3f} vs {one[1]:.3f} ms "
+            f"({lb[1] / one[1]:.3f}x; backward {(lb[1] - lb[0]) / (one[1] - one[0]):.3f}x) "
+            f"({time.time() - t0:.0f} s)", flush=True)
       _write(args.out, rows)  # after every row: a run cut short keeps what it measured
 
 
