@@ -52,8 +52,8 @@ never replaced by another implementation.
 and 8192 tokens; the reference layer's capacity-padded all_to_all and the fused launch's
 pushes through the symmetric heap, KOSMOS_HEAP_MB); TFLOP/s per GPU (each GPU's share of
 the FLOPs over the wall time); the floor is one GPU's share alone: its t * k rows over
-its E / N experts. At EP > 1 train_fused is the fused forward with the twin's backward
-(no fused backward there yet).
+its E / N experts (floor_bwd: EP = 1 only). At EP > 1 train_fused runs both fused
+launches over the group.
 
 TFLOP/s count the routed FLOPs, 2 t k h 2I + 2 t k I h = 6 t k h I, plus the shared
 expert's 6 t h I_s where the preset has one (DeepSeek-V3, Llama 4): every arm computes
@@ -437,7 +437,8 @@ def bench(name: str, routing: str, args) -> list[dict]:
         arm_sets = harness.rotation(lambda i: floor_inputs(cfg, t, p, i, EP), t * cfg.top_k * cfg.hidden * 2)
       elif arm == "floor_bwd":
         if EP > 1:
-          raise Unavailable("floor_bwd: the backward's floor is EP = 1's (there is no fused backward at EP > 1)")
+          raise Unavailable("floor_bwd: the backward's floor is written for EP = 1 only (one GPU's share of "
+                            "the backward's GEMMs at EP > 1 is not)")
         fn = floor_bwd_arm()
         arm_sets = harness.rotation(lambda i: floor_bwd_inputs(cfg, t, p, i), t * cfg.top_k * cfg.hidden * 4)
       elif arm in ("train_reference", "train_fused"):

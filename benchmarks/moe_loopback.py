@@ -37,10 +37,17 @@ def _balanced(rng, t, k, e):
   return idx, rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
 
 
+def _weights(rng, shape):
+  """bf16 N(0, 0.02) weights [E, ...]: one expert drawn, the others its rows rotated
+  (random-looking operands for the timing; drawing DeepSeek-V3's 128 experts outright
+  took longer than a device call's limit)."""
+  base = (rng.standard_normal(shape[1:], np.float32) * np.float32(0.02)).astype(jnp.bfloat16)
+  return np.stack([np.roll(base, 7 * j, axis=0) for j in range(shape[0])])
+
+
 def _inputs(rng, ranks, t, k, e, h, i):
   bf = lambda a: np.asarray(a, np.float32).astype(jnp.bfloat16)
-  w1 = bf(rng.normal(0, 0.02, (e, h, 2 * i)))
-  w2 = bf(rng.normal(0, 0.02, (e, i, h)))
+  w1, w2 = _weights(rng, (e, h, 2 * i)), _weights(rng, (e, i, h))
   el = e // ranks
   out = []
   for r in range(ranks):

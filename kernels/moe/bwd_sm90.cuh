@@ -1,5 +1,5 @@
-// The MoE backward megakernel with Hopper builders (sm_90a), EP = 1 (paper
-// §3.3.2): the forward's CTA life (moe_fwd_cta, moe/fwd_sched.h) over the
+// The MoE backward megakernel with Hopper builders (sm_90a; paper §3.3.2):
+// the forward's CTA life (moe_fwd_cta, moe/fwd_sched.h) over the
 // forward's device ops (moe/fwd_ops.cuh) with the backward's build queue
 // (MoeBwdBuilds, moe/bwd_queues.h). The ops' words mean the backward's:
 //
@@ -21,7 +21,7 @@
 // dgrads on the engine's NN layout (B K-major, each expert's rows from
 // b_row0), wgrads on NT with each expert's contraction rows as the tile's k
 // range (k_range): the plan's stable row order, so dW is bitwise reproducible.
-// The forward's workspace supplies x_rows, act and h1 (moe/fwd_ws.h; their
+// The forward's workspace supplies act, h1 and at EP = 1 x_rows (moe/fwd_ws.h; their
 // padding rows are zeros, as the dY arena's, so whole row blocks contract).
 //
 // The shared expert's row blocks follow the arena's, as in the forward: its
@@ -30,8 +30,10 @@
 // arena rows of act and dh1 (k_range's two starts), and the fold adds its dX
 // row with weight 1. Its dW leave through their own store boxes (dsw1, dsw2).
 //
-// Not here yet: the router and routing-weight gradients (XLA), EP > 1. The
-// portable builders of the same schedule: moe/bwd_portable.cuh.
+// At EP > 1 the arena (dY rows) and wgrad1's X rows are the heap's, pushed by
+// every source (moe/fwd_heap.h), and the dX rows return as the forward's units.
+// Not here: the router and routing-weight gradients (XLA). The portable
+// builders of the same schedule: moe/bwd_portable.cuh.
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
 #include "moe/bwd_hooks_sm90.cuh"

@@ -4,10 +4,10 @@ The rule's forward / backward are exactly the two per-device ops the megakernels
 implement (`ops.moe_forward`, `ops.moe_backward`, paper §3.3.1 / §3.3.2), so a kernel
 replaces the inside of the rule and nothing a user sees changes.
 
-Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel and, at EP = 1,
-the backward its own on the fused forward's residuals: both directions fused. At
-EP > 1 (no fused backward yet), and where ops.moe_backward has no fused kernel at all
-(an extension without it, no usable GPU), the twin's backward runs on those residuals
+Under impl='fused' (or KOSMOS_IMPL=fused) the forward runs its kernel and the backward
+its own on the fused forward's residuals: both directions fused, at EP = 1 and over an
+EP group of one host's GPUs. Where ops.moe_backward has no fused kernel at all (an
+extension without it, no usable GPU), the twin's backward runs on those residuals
 instead.
 """
 from __future__ import annotations
@@ -109,7 +109,6 @@ def moe_layer(x, params: dict, config: MoEConfig, *, axis_name, impl=None, preci
       checks it and ignores it).
     launch: kernel_config.MoeLaunch, the fused forward's movers and role switching
       (None: its defaults; the reference path checks its type and ignores it).
-      At EP > 1 the fused forward's backward is the twin's (no fused backward there yet).
     return_stats: also return this step's `RoutingStats` (per-expert counts, max
       load, capacity fill, whether the dropless fallback ran), over the EP group.
   Returns:

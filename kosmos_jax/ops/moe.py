@@ -21,11 +21,11 @@ ignores them, as every op's reference path does.
 
 Fused paths so far: moe_forward at EP 1 to 8 (an `axis_name` of one host's GPUs), bf16,
 with the router in XLA before the one launch, which runs the shared expert too (as wide as a
-routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at EP = 1 after a fused
-forward (it reads the forward's workspace, residuals.ws), the shared expert's gradients
-in its one launch, the routing-weight and router gradients in XLA beside it
-(kosmos_jax/ops/_fused_moe_bwd.py). At EP > 1 moe_backward(impl='fused') raises
-NotImplementedError (moe_layer pairs the fused forward with the twin's backward there).
+routed expert; kosmos_jax/ops/_fused_moe.py); moe_backward at the same EP sizes after a
+fused forward (it reads the forward's workspace, residuals.ws), the shared expert's
+gradients in its one launch, the routing-weight and router gradients in XLA beside it
+(kosmos_jax/ops/_fused_moe_bwd.py). At EP > 1 both run only as loopback ranks on one GPU
+so far (never across GPUs).
 Under `auto` (the default) the forward runs fused where it was measured faster than
 the twin: EP = 1, bf16, Hopper builders (compute capability 9.0), precision None, and
 at least 128 routed pairs per expert on average (tokens x top_k >= 128 x num_experts);

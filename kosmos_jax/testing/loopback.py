@@ -39,9 +39,10 @@ def run(ops, tp, rows, k, n, inputs, *, cu_cap, calls, transports=("pull",), kno
   batch of a rank's shard (0: one batch); the gathered rows are then laid out
   batch-major, as all_gather_rows over a leading batch dim does.
 
-  moe (op "moe_forward", tp = the EP group's ranks, rows = tokens per rank, k =
-  hidden): (num_experts, top_k, expert_intermediate, input_gating); knob is then
-  the movers (-1: the kernel's rule).
+  moe (ops "moe_forward" and "moe_backward", tp = the EP group's ranks, rows = tokens
+  per rank, k = hidden): (num_experts, top_k, expert_intermediate, input_gating); knob
+  is then the movers (-1: the kernel's rule). A moe_backward must follow a moe_forward
+  in `ops` (it reads the workspace that forward left on each rank).
   """
   names = _names(transports)
   runtime.init()  # prepares the kernels on every local device
