@@ -8,12 +8,14 @@
 #          transports' TMA stores have never crossed NVLink
 #   tests  the GPU suites whose ranks are separate GPUs here: the fused linears both
 #          directions (tp 2), the fused sm90 suites, the multi-process runs and the fused
-#          MoE forward at EP 2 (and 8) against its twin (tests/gpu/test_moe_ep_gpus.py)
+#          MoE layer at EP 2 (and 8), both directions, against its twin
+#          (tests/gpu/test_moe_ep_gpus.py)
 #   fwd    benchmarks/tp_sp.py ag_tn,tn_rs (pull, push, push_fold) against XLA
 #   bwd    benchmarks/tp_sp.py ag_nn,bulk_ag_nn,bulk_rs_nt against XLA
 #   train  benchmarks/train_step.py: the Llama-3 8B TP+SP block, fused against reference
-#   moe    benchmarks/moe.py --ep (2, or every GPU up to 8): the MoE layer's forward over the
-#          EP group, fused against the reference layer and one GPU's expert-GEMM floor
+#   moe    benchmarks/moe.py --ep (2, or every GPU up to 8): the MoE layer over the EP group,
+#          forward and training step (jax.grad: both fused launches), fused against the
+#          reference layer, and the forward against one GPU's expert-GEMM floor
 #          (MOE_PRESETS, default qwen3-30b-a3b,deepseek-v3; both routings); not a default step
 # STEPS picks and orders them (default peer,tests,fwd,bwd,train); SHAPES the paper
 # shapes of fwd and bwd (default quick: 5 a kernel; all: 24). Everything does not fit
@@ -96,7 +98,7 @@ step_moe() {
   local ep=$(( gpus >= 8 ? 8 : 2 )) t=$(( $(left) - 20 ))
   [ "$gpus" -ge 2 ] && [ "$t" -gt 90 ] || { echo "moe skipped: $gpus GPU(s), $(left) s left"; return; }
   OUT= timeout "$t" $PY benchmarks/moe.py --ep "$ep" --presets "${MOE_PRESETS:-qwen3-30b-a3b,deepseek-v3}" \
-    --arms reference,fused,floor --no-append --out-dir /tmp/moe_ep --tag "_ep$ep" > "$OUT/moe_ep.log" 2>&1
+    --arms reference,fused,floor,train_reference,train_fused --no-append --out-dir /tmp/moe_ep --tag "_ep$ep" > "$OUT/moe_ep.log" 2>&1
   local rc=$?
   echo "moe rc=$rc at ${SECONDS}s (124: cut at the budget)"
   cp /tmp/moe_ep/moe_ep"$ep".csv "$OUT/" 2>/dev/null

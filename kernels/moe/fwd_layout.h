@@ -63,7 +63,7 @@ KOSMOS_HD inline bool moe_fwd_shape_ok(const MoeFwdShape& s) {
          moe_experts(s) <= kMaxExperts && s.tokens >= 1 && s.top_k >= 1 && s.top_k <= moe_experts(s) &&
          s.block_tokens >= 1 && s.tile_m >= 1 && s.nt1 >= 1 && s.nt2 >= 1 && s.groups >= 1 && s.capacity >= 0 &&
          s.shared_rb0 >= 0 && (s.shared_blocks == 0 || s.shared_blocks == moe_cdiv(s.tokens, s.tile_m)) &&
-         s.band >= 1;
+         s.band >= 1 && (s.x_parts == 0 || s.ep > 1);  // X parts: into peers' heaps, EP > 1 only
 }
 
 // What the CTA life needs of a problem whatever the engine or direction
