@@ -187,7 +187,8 @@ ffi::Error kosmos::moe_bwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   if (ep > 1)
     if (std::string why = moe_heap_refusal(heap, g, t, k, ep); !why.empty()) return Fail(op, why);
   if (!a.switching && grid < 2)
-    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " + std::to_string(grid));
+    return Fail(op, "switching=False needs at least 2 CTAs (a mover and a builder); got a grid of " +
+                        std::to_string(grid));
   DeviceGuard guard(ordinal);
   if (guard.err != cudaSuccess) return CudaFail(op, "selecting the device", ordinal, guard.err);
   const std::string err =
@@ -211,7 +212,7 @@ ffi::Error kosmos::moe_bwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   // wgrad1's X rows: the forward's gathered rows at EP = 1, the X arena peers push into at EP > 1.
   const char* f = static_cast<const char*>(a.fws);
   const void* x_rows = ep > 1 ? static_cast<const void*>(m.peer_xrows[g.rank]) : f + F.arena;
-  const MoeBwdBuffers b{a.w1, a.w2, x_rows, f + F.act, f + F.h1, a.x, a.hs, a.sw1, a.sw2, static_cast<char*>(a.ws) + L.dh1,
+  const MoeBwdBuffers b{a.w1, a.w2, x_rows, f + F.act, f + F.h1, a.x, a.hs, a.sw1, a.sw2, base + L.dh1,
                         a.dw1, a.dw2, a.dsw1, a.dsw2};
   e = launch_engine(sm90, m, b, grid, ordinal, stream);
   if (e != cudaSuccess) return CudaFail(op, "launch", ordinal, e);
@@ -233,7 +234,8 @@ static ffi::Error MoeBackwardCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   if (std::string why = check_operands(dy, indices, weights, w1, w2, fws); !why.empty()) return Fail(op, why);
   const int64_t t = dy.dimensions()[0], H = dy.dimensions()[1], k = indices.dimensions()[1];
   const int64_t el = w1.dimensions()[0], I = w2.dimensions()[1];
-  if (std::string why = check_x_shared(x, hs, sw1, sw2, shared != 0, ep, t, H, I); !why.empty()) return Fail(op, why);
+  if (std::string why = check_x_shared(x, hs, sw1, sw2, shared != 0, ep, t, H, I); !why.empty())
+    return Fail(op, why);
   ffi::Result<ffi::AnyBuffer> res[] = {dx, dx_rows, pair_row, dw1, dw2, dsw1, dsw2};
   if (std::string why = check_results(res, shared != 0, t, H, I, el, k); !why.empty()) return Fail(op, why);
   GroupInfo g;

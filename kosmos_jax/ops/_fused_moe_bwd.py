@@ -8,8 +8,8 @@ a fused forward only. At EP > 1 (the axis_name axis of a jax.shard_map, one host
 as the forward) each rank pushes its pairs' dY rows into the owners' arenas, then their
 x rows (the forward's arena was in the symmetric heap, which the next MoE launch
 reuses), and the owners push the dX rows back (kernels/moe/fwd_sched.h); the heap then
-also holds an X arena (the handler names the MiB a call needs). The shared expert's gradients
-are tiles of the same launch (its row blocks after the arena's, as in the forward), its
+also holds an X arena (the handler names the MiB a call needs). The shared expert's
+gradients are tiles of the same launch (its row blocks after the arena's, as in the forward), its
 dX row folded after the k routed rows. Hopper builders on compute capability 9.0
 (kernels/moe/bwd_sm90.cuh), portable ones on any other CUDA GPU or under
 KOSMOS_FUSED_BUILDERS=portable (kernels/moe/bwd_portable.cuh, covered by the HIP
@@ -34,9 +34,10 @@ The FFI contract (kosmos_moe_backward, platform CUDA):
   results   dx [t, h] bf16 (the experts' part of dL/dx, the shared expert's included);
             dx_rows [R + S + P, h] bf16, each pair's gradient of its expert input in arena
             order, then the shared expert's, then at EP > 1 the rows our pairs got back;
-            pair_row [t, k] int32, its row of dx_rows; dw1 [E_l, h, 2I] and dw2 [E_l, I, h] bf16 (fp32 sums over the expert's rows in the plan's stable
-            order, rounded once: bitwise reproducible); dsw1 [h, 2I] and dsw2 [I, h] bf16,
-            the shared expert's (else (1,)); ws [W] uint8 scratch (workspace_bytes).
+            pair_row [t, k] int32, its row of dx_rows; dw1 [E_l, h, 2I] and dw2 [E_l, I, h]
+            bf16 (fp32 sums over the expert's rows in the plan's stable order, rounded
+            once: bitwise reproducible); dsw1 [h, 2I] and dsw2 [I, h] bf16, the shared
+            expert's (else (1,)); ws [W] uint8 scratch (workspace_bytes).
 """
 from __future__ import annotations
 
