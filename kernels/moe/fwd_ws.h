@@ -41,7 +41,6 @@ KOSMOS_HD inline int moe_rank_rows(int t, int k, int ep, int e_local) {
   const long long pairs = (long long)ep * t * (k < e_local ? k : e_local) + (long long)e_local * (kMoeTileRows - 1);
   return (int)((pairs + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows);
 }
-KOSMOS_HD inline int moe_ep1_rows(int t, int k, int E) { return moe_rank_rows(t, k, 1, E); }
 
 // P: at EP > 1, the rows our units come back in (every pair of ours, in the
 // packed send order: t * min(k, E)), which the fold copies into y_rows past its
