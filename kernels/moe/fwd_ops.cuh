@@ -34,6 +34,7 @@
 #include "moe/fwd_ctl.cuh"
 #include "moe/fwd_rows.cuh"
 #include "moe/fwd_sched.h"
+#include "moe/fwd_ws.h"
 #include "tp/heap_use.cuh"
 
 namespace kosmos::moe {
@@ -323,12 +324,20 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
   bf16_t* arena = m.xrows ? p().peer_xrows[m.dst] : m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
   const bf16_t* x = m.xrows ? p().x_fwd : p().x;
   const bool gated = m.xrows ? !p().input_gating : p().input_gating != 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = begin + warp; r < end; r += blockDim.x / 32) {
-    const int q = p().order[start + r];
+  // A row's source is known only from order[], a load before the row's own: the
+  // warp loads the pair two rows ahead and L2-prefetches the row one ahead (a
+  // bulk prefetch, no registers), so neither latency is paid in series per row.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = blockDim.x / 32;
+  const int* order = p().order + start;
+  const int r0 = begin + warp;
+  int q = r0 < end ? order[r0] : 0, qn = r0 + W < end ? order[r0 + W] : -1;
+  for (int r = r0; r < end; r += W) {
+    if (qn >= 0 && lane == 0) l2_prefetch(x + (size_t)(qn / k) * H, H * 2);
+    const int qnn = r + 2 * W < end ? order[r + 2 * W] : -1;
     const uint4* from = reinterpret_cast<const uint4*>(x + (size_t)(q / k) * H);
     uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(at + r) * H);
     moe_copy_row(from, to, H / 8, lane, gated, gated ? p().weights[q] : 1.f);
+    q = qn, qn = qnn;
   }
   if (m.g == s().groups - 1) {
     const MoeSegment g = moe_segment(s(), p().ctrl->table, ex, s().rank);
@@ -347,46 +356,59 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
 
 // Fold item: tokens [first, last), a warp per token (moe_fold_row): its k
 // routed rows, then (lane k) its shared expert row with weight 1, the twin's
-// order (reference.moe_forward: fold, then + y_s). Also turns each pair's pos
-// into its row of y_rows (pair_row, for the backward). At EP > 1 a pair whose
-// expert lives on a peer came back into our returned rows: the warp first
-// copies it into y_rows past the R + S rows (its residual row), then folds
-// from y_rows alone.
+// order (reference.moe_forward: fold, then + y_s). The whole CTA first locates
+// every (token, slot) row of the item into shared memory, turning each pair's
+// pos into its row of y_rows (pair_row, for the backward): the lookup is a
+// chain of dependent loads (indices, then the layout) that a warp per token
+// would pay before each token's first row load. At EP > 1 a pair whose expert
+// lives on a peer came back into our returned rows: the warp first copies it
+// into y_rows past the R + S rows (its residual row, >= tail), then folds from
+// y_rows alone.
+// The launchers' plan blocks (kMoeBlockTokens) make a fold item at most this many tokens.
+constexpr int kMoeFoldMaxTokens = (kMoeBlockTokens + kMoeFoldParts - 1) / kMoeFoldParts;
 KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   const TraceSpan span;
   const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0), tail = p().rbs * s().tile_m;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int tok = first + warp; tok < last; tok += blockDim.x / 32) {
-    const int* idx = p().indices + (size_t)tok * k;
-    int row = 0, ret = -1;
-    float wt = 0.f;
-    if (lane < k) {
-      int* pr = p().pair_row + (size_t)tok * k + lane;
-      const MoeRowRef ref = moe_pair_row(s(), layout(), p().ctrl->start1, idx[lane], *pr);
+  const int n = last - first;
+  static_assert(2 * kMoeFoldMaxTokens * 32 <= kMoeScratchInts, "a fold item's rows and weights fit scratch");
+  int* rows = scratch;                                          // [n][slots]
+  float* wts = reinterpret_cast<float*>(scratch + n * slots);   // [n][slots]
+  for (int i = threadIdx.x; i < n * slots; i += blockDim.x) {
+    const int tok = first + i / slots, j = i % slots;
+    int row = s().shared_rb0 * s().tile_m + tok;
+    float wt = 1.f;
+    if (j < k) {
+      int* pr = p().pair_row + (size_t)tok * k + j;
+      const MoeRowRef ref = moe_pair_row(s(), layout(), p().ctrl->start1, p().indices[(size_t)tok * k + j], *pr);
       row = ref.local ? ref.row : tail + ref.row;
-      ret = ref.local ? -1 : ref.row;
       *pr = row;
-      wt = p().input_gating ? 1.f : p().weights[(size_t)tok * k + lane];
-    } else if (lane < slots) {
-      row = s().shared_rb0 * s().tile_m + tok;
-      wt = 1.f;
+      if (!p().input_gating) wt = p().weights[(size_t)tok * k + j];
     }
+    rows[i] = row;
+    wts[i] = wt;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int t = warp; t < n; t += warps) {
+    const int row = lane < slots ? rows[t * slots + lane] : 0;
+    const float wt = lane < slots ? wts[t * slots + lane] : 0.f;
+    const int next = lane < slots && t + warps < n ? rows[(t + warps) * slots + lane] : -1;
     if (s().ep > 1) {
       for (int j = 0; j < k; ++j) {
-        const int rj = lanes32_shfl(ret, j);
-        if (rj >= 0)
-          moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().peer_ret[s().rank] + (size_t)rj * H),
-                                reinterpret_cast<uint4*>(p().y_rows + (size_t)(tail + rj) * H), H / 8, lane, false, 1.f);
+        const int rj = lanes32_shfl(row, j);
+        if (rj >= tail)
+          moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().peer_ret[s().rank] + (size_t)(rj - tail) * H),
+                                reinterpret_cast<uint4*>(p().y_rows + (size_t)rj * H), H / 8, lane, false, 1.f);
       }
       lanes32_sync();  // the warp's copies before its fold reads them
     }
-    bf16_t* y = p().y + (size_t)tok * H;
+    bf16_t* y = p().y + (size_t)(first + t) * H;
     // Two vectors per lane at most: four (32 fp32 sums, 8 vectors in flight) spill at
     // the kernel's 168 registers.
-    if (slots >= kFoldDepth) moe_fold_row<1>(p().y_rows, y, H, slots, row, wt, lane);
-    else moe_fold_row<2>(p().y_rows, y, H, slots, row, wt, lane);
+    if (slots >= kFoldDepth) moe_fold_row<1>(p().y_rows, y, H, slots, row, wt, lane, next);
+    else moe_fold_row<2>(p().y_rows, y, H, slots, row, wt, lane, next);
   }
-  __syncthreads();
+  __syncthreads();  // every warp's reads of the located rows before the next item's
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceReduce, item);
 }
 
