@@ -43,13 +43,21 @@
 
 namespace kosmos::moe {
 
-template <class Dg, class Wg>
+template <class Dg, class Wg, bool kPeers>
 struct MoeBwdSm90Ops : MoeLocalOps {
   static_assert(sizeof(sm90::SharedStorage<Dg>) == sizeof(sm90::SharedStorage<Wg>),
                 "the two layouts' engines share one CTA's shared memory");
   const MoeBwdSm90Params<Dg, Wg>& pp;
   char* smem;  // the kernel's dynamic shared memory (unaligned: shared_storage aligns it)
   MoePass* pass;
+
+  // The EP = 1 instantiation holds no peer code (MoeLocalOps, kPeers).
+  KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
+  KOSMOS_DEVICE void fold(int item, int first, int last) { MoeLocalOps::fold<kPeers>(item, first, last); }
+  KOSMOS_DEVICE void push_unit(const MoeUnit& c) {
+    if constexpr (kPeers) MoeLocalOps::push_unit(c);
+    else trap();  // units go to peers only (moe_push_unit), and this kernel runs at EP = 1
+  }
 
   template <int kKind>
   KOSMOS_DEVICE void run_pass(MoeBwdBuilds<MoeCtl>& b, int most) {
@@ -95,7 +103,8 @@ struct MoeBwdSm90Ops : MoeLocalOps {
   }
 };
 
-template <class Dg, class Wg>
+// kPeers: launched at EP > 1 (the EP = 1 instantiation holds no peer code).
+template <class Dg, class Wg, bool kPeers>
 __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __grid_constant__ MoeBwdSm90Params<Dg, Wg> p) {
   static_assert(Dg::kThreads == kMoeThreads && Dg::kBM == kMoeTileRows && Wg::kBM == kMoeTileRows,
                 "the CTA and row block of moe/fwd_ops.cuh");
@@ -106,7 +115,7 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
   auto& s = sm90::shared_storage<Dg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x, "moe_backward"};
   // The front's scratch is the engines' A ring: no engine runs during the front.
-  MoeBwdSm90Ops<Dg, Wg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, smem_raw, &pass};
+  MoeBwdSm90Ops<Dg, Wg, kPeers> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, smem_raw, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 
@@ -175,7 +184,9 @@ cudaError_t moe_bwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
       static_cast<const bf16_t*>(shared ? hs : h1),
       make_output_tma<Wg>(shared ? dsw2 : dw2, I, H, H),
       make_output_tma<Wg>(shared ? dsw1 : dw1, H, 2 * I, 2 * I)};
-  moe_bwd_sm90_kernel<Dg, Wg><<<grid, Dg::kThreads, sm90::SharedStorage<Dg>::kLaunchBytes, stream>>>(p);
+  constexpr int kSmem = sm90::SharedStorage<Dg>::kLaunchBytes;
+  if (m.s.ep > 1) moe_bwd_sm90_kernel<Dg, Wg, true><<<grid, Dg::kThreads, kSmem, stream>>>(p);
+  else moe_bwd_sm90_kernel<Dg, Wg, false><<<grid, Dg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -72,6 +72,15 @@ KOSMOS_DEVICE int cta_exclusive_scan(int* v, int n, int* tmp) {
 // `scratch`: dynamic shared memory free outside the engine (kMoeScratchInts).
 // Serial steps (prefix sums over experts, the layout) run in it: one thread
 // walking E entries of global memory pays a load latency per entry.
+//
+// kPeers (build_layout, fold; the ops of a kernel forward them): whether the
+// kernel's instantiation holds the EP > 1 code at all (the exchanged layout,
+// the returned rows' copies; push_unit is EP > 1 only). The Hopper kernels are
+// instantiated twice and launched without it at EP = 1: in the one megakernel
+// those paths' row-copy loops cost every phase registers, and the dispatch's
+// copy loop spilled its loads in flight (sm_90a SASS, 2026-12-04: 166 of the
+// forward's 326 spill instructions in moe/fwd_rows.cuh, none without them; the
+// Qwen3-30B-A3B dispatch 16-1150 us against 70-766 us before EP > 1 existed).
 struct MoeLocalOps {
   MoeCtl ctl;
   int* bc;
@@ -183,8 +192,13 @@ struct MoeLocalOps {
   // moe_build_layout at EP = 1, CTA-wide: our counts are the whole table, so
   // the layout is two exclusive scans over experts (row blocks, packed return
   // rows); thread 0 walking it in shared memory took ~55 us at E = 128.
+  template <bool kPeers>
+  KOSMOS_DEVICE bool peers() const {
+    return kPeers && s().ep > 1;
+  }
+  template <bool kPeers = true>
   KOSMOS_DEVICE void build_layout() {
-    if (s().ep > 1) return build_layout_ep();
+    if (peers<kPeers>()) return build_layout_ep();
     const TraceSpan span;
     const int n = E(), tile = s().tile_m, cap = s().capacity, words = (int)(sizeof(MoeLayout) / sizeof(int));
     MoeLayout* L = reinterpret_cast<MoeLayout*>(scratch);
@@ -212,6 +226,7 @@ struct MoeLocalOps {
   KOSMOS_DEVICE void build_layout_ep();
   KOSMOS_DEVICE void push_part(const MoeMove& m);
   KOSMOS_DEVICE void push_unit(const MoeUnit& c);
+  template <bool kPeers = true>
   KOSMOS_DEVICE void fold(int item, int first, int last);
 };
 
@@ -366,6 +381,7 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
 // y_rows alone.
 // The launchers' plan blocks (kMoeBlockTokens) make a fold item at most this many tokens.
 constexpr int kMoeFoldMaxTokens = (kMoeBlockTokens + kMoeFoldParts - 1) / kMoeFoldParts;
+template <bool kPeers>
 KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   const TraceSpan span;
   const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0), tail = p().rbs * s().tile_m;
@@ -393,7 +409,7 @@ KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
     const int row = lane < slots ? rows[t * slots + lane] : 0;
     const float wt = lane < slots ? wts[t * slots + lane] : 0.f;
     const int next = lane < slots && t + warps < n ? rows[(t + warps) * slots + lane] : -1;
-    if (s().ep > 1) {
+    if (peers<kPeers>()) {
       for (int j = 0; j < k; ++j) {
         const int rj = lanes32_shfl(row, j);
         if (rj >= tail)

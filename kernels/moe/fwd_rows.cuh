@@ -108,10 +108,10 @@ KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, bf16_t* y, int H, int k, in
 // its slot's chunk of the next round into L2 (on the last round, the chunk of
 // row `next`: its slot's row in the warp's next token, or -1): the loads in
 // flight are capped by registers (kFoldDepth), the prefetch is not. Measured on
-// the fold's access pattern alone (scratch benchmark, 2026-12-04, 1xH200, 8192
-// tokens): Qwen3-30B-A3B 116.5 -> 97.8 us, DeepSeek-V3 483.6 -> 376.0 us; two
-// rounds ahead 102.7 / 407.7, four 117.4 / 543.8 (prefetched lines evicted
-// before their loads).
+// the fold's access pattern alone (a standalone copy of this loop, not kept;
+// 2026-12-04, 1xH200, 8192 tokens, benchmarks/RESULTS.md): Qwen3-30B-A3B 116.5
+// -> 97.8 us, DeepSeek-V3 483.6 -> 376.0 us; two rounds ahead 102.7 / 407.7,
+// four 117.4 / 543.8 (prefetched lines evicted before their loads).
 template <int kV>
 KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, bf16_t* y, int H, int k, int row, float wt, int lane, int next) {
   const int vecs = H / 8, step = 32 * kV;

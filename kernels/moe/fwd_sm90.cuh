@@ -92,11 +92,19 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   }
 };
 
-template <class Cfg>
+template <class Cfg, bool kPeers>
 struct MoeSm90Ops : MoeLocalOps {
   const MoeFwdSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& sm;
   MoePass* pass;
+
+  // The EP = 1 instantiation holds no peer code (MoeLocalOps, kPeers).
+  KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
+  KOSMOS_DEVICE void fold(int item, int first, int last) { MoeLocalOps::fold<kPeers>(item, first, last); }
+  KOSMOS_DEVICE void push_unit(const MoeUnit& c) {
+    if constexpr (kPeers) MoeLocalOps::push_unit(c);
+    else trap();  // units go to peers only (moe_push_unit), and this kernel runs at EP = 1
+  }
 
   template <int kGemm>
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
@@ -130,7 +138,8 @@ struct MoeSm90Ops : MoeLocalOps {
   }
 };
 
-template <class Cfg>
+// kPeers: launched at EP > 1 (the EP = 1 instantiation holds no peer code).
+template <class Cfg, bool kPeers>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg> p) {
   static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
   static_assert(sizeof(sm90::SharedStorage<Cfg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
@@ -140,7 +149,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
   // The front's scratch is the engine's A ring: no engine runs during the front.
-  MoeSm90Ops<Cfg> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
+  MoeSm90Ops<Cfg, kPeers> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 
@@ -180,7 +189,9 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H),
                           sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I),
                           sm90::make_output_tma<Cfg>(shared ? m.hs : m.h1, shared ? m.s.tokens : R, 2 * I, 2 * I)};
-  moe_fwd_sm90_kernel<Cfg><<<grid, Cfg::kThreads, sm90::SharedStorage<Cfg>::kLaunchBytes, stream>>>(p);
+  constexpr int kSmem = sm90::SharedStorage<Cfg>::kLaunchBytes;
+  if (m.s.ep > 1) moe_fwd_sm90_kernel<Cfg, true><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  else moe_fwd_sm90_kernel<Cfg, false><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
