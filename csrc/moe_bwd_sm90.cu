@@ -22,9 +22,11 @@ std::string moe_bwd_sm90_prepare(int ordinal) {
   if (ordinal >= 0 && ordinal < kSm90Ordinals && (g_state[ordinal] == 2 || g_state_peers[ordinal] != 0)) return "";
   const auto prepare = [&](const void* kernel, Sm90State& state) {
     return prepare_sm90("kosmos_moe_backward", kernel, DgradCfg::kThreads,
-                        (int)sm90::SharedStorage<DgradCfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox, TimeoutUnit::kMoeBwdSm90);
+                        (int)sm90::SharedStorage<DgradCfg>::kLaunchBytes, ordinal, state, set_timeout_mailbox,
+                        TimeoutUnit::kMoeBwdSm90);
   };
-  std::string why = prepare(reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg, false>), g_state);
+  std::string why =
+      prepare(reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg, false>), g_state);
   // Not an sm_90 device: the first says so (state 2), the handler runs the portable kernel.
   if (!why.empty() || g_state[ordinal] != 1) return why;
   return prepare(reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg, true>), g_state_peers);

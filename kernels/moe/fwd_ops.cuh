@@ -79,7 +79,7 @@ KOSMOS_DEVICE int cta_exclusive_scan(int* v, int n, int* tmp) {
 // instantiated twice and launched without it at EP = 1: in the one megakernel
 // those paths' row-copy loops cost every phase registers, and the dispatch's
 // copy loop spilled its loads in flight (sm_90a SASS, 2026-12-04: 166 of the
-// forward's 326 spill instructions in moe/fwd_rows.cuh, none without them; the
+// forward's 326 spill instructions in moe/fwd_rows.cuh, 3 without them; the
 // Qwen3-30B-A3B dispatch 16-1150 us against 70-766 us before EP > 1 existed).
 struct MoeLocalOps {
   MoeCtl ctl;
