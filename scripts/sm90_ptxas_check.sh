@@ -37,4 +37,23 @@ for tu in "${TUS[@]}"; do
   kernels=$(grep -c 'Compiling entry function' "$OUT/$tu.log")
   echo "$tu: $kernels kernels, no wgmma serialisation; spill stores (bytes): ${spills% }"
 done
+# Spill bounds on the MoE megakernels' EP = 1 instantiations (kPeers = false, the
+# template's last argument: mangled "Lb0EEEv"), the launches the one-GPU benchmarks
+# time. When the EP > 1 row copies shared the kernel, ptxas spilled the dispatch
+# copy's loads in flight (888 bytes; Qwen3-30B-A3B's forward 1.14x slower, 2026-12-04);
+# 220 and 624 bytes since 482cb22 (nvcc 13.0).
+spill_bound() {  # TU, kernel name, bound in bytes
+  local got
+  got=$(awk -v k="$2" '/Compiling entry function/ { hit = index($0, k) && index($0, "Lb0EEEv") }
+                       hit && /bytes spill stores/ { for (i = 1; i <= NF; i++) if ($i == "spill") { print $(i - 2); exit } }' \
+        "$OUT/$1.log")
+  [ -n "$got" ] || { echo "sm90_ptxas_check: no EP = 1 instantiation of $2 in $1"; exit 1; }
+  if [ "$got" -gt "$3" ]; then
+    echo "sm90_ptxas_check: $2 (EP = 1) spills $got bytes, above its bound of $3: look for a new copy loop or"
+    echo "live state in the megakernel (nvdisasm -gi shows where the STL/LDL sit)"; exit 1
+  fi
+  echo "$2 (EP = 1): $got spill bytes (bound $3)"
+}
+spill_bound moe_fwd_sm90 moe_fwd_sm90_kernel 320
+spill_bound moe_bwd_sm90 moe_bwd_sm90_kernel 768
 echo "sm90_ptxas_check: ok"

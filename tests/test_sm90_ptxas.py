@@ -1,6 +1,8 @@
 """ptxas check of the Hopper kernels (no GPU needed): scripts/sm90_ptxas_check.sh
 compiles the sm_90a translation units to cubins and fails if ptxas serialised any
-wgmma (C7510), which one stray call in a wgmma kernel (a printf) causes silently.
+wgmma (C7510), which one stray call in a wgmma kernel (a printf) causes silently, or if
+the MoE megakernels' EP = 1 instantiations spill beyond their bounds (extra code in the
+one kernel once made the dispatch's row copy spill, silently 1.14x slower).
 CI sets KOSMOS_REQUIRE_SM90_CHECK=1, so a missing nvcc or nvidia-cutlass fails
 there instead of skipping."""
 import importlib.util
