@@ -11,24 +11,20 @@ namespace {
 // The engine's wide configuration (128x256, 3 stages, staged epilogue): a
 // GEMM1 tile is 128 gate and 128 up columns, a GEMM2 tile 256 of hidden.
 using MoeCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
-// The kernel's two instantiations (kPeers: EP = 1 and EP > 1), prepared together.
-Sm90State g_state, g_state_peers;
+// The kernel's two instantiations (kPeers: EP = 1 and EP > 1).
+Sm90StatePair g_state;
 
 }  // namespace
 
 std::string moe_fwd_sm90_prepare(int ordinal) {
-  if (ordinal >= 0 && ordinal < kSm90Ordinals && (g_state[ordinal] == 2 || g_state_peers[ordinal] != 0)) return "";
-  const auto prepare = [&](const void* kernel, Sm90State& state) {
-    return prepare_sm90("kosmos_moe_forward", kernel, MoeCfg::kThreads, (int)sm90::SharedStorage<MoeCfg>::kLaunchBytes,
-                        ordinal, state, set_timeout_mailbox, TimeoutUnit::kMoeFwdSm90);
-  };
-  std::string why = prepare(reinterpret_cast<const void*>(&moe::moe_fwd_sm90_kernel<MoeCfg, false>), g_state);
-  // Not an sm_90 device: the first says so (state 2), the handler runs the portable kernel.
-  if (!why.empty() || g_state[ordinal] != 1) return why;
-  return prepare(reinterpret_cast<const void*>(&moe::moe_fwd_sm90_kernel<MoeCfg, true>), g_state_peers);
+  return prepare_sm90_pair("kosmos_moe_forward",
+                           reinterpret_cast<const void*>(&moe::moe_fwd_sm90_kernel<MoeCfg, false>),
+                           reinterpret_cast<const void*>(&moe::moe_fwd_sm90_kernel<MoeCfg, true>), MoeCfg::kThreads,
+                           (int)sm90::SharedStorage<MoeCfg>::kLaunchBytes, ordinal, g_state, set_timeout_mailbox,
+                           TimeoutUnit::kMoeFwdSm90);
 }
 
-bool moe_fwd_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal) && sm90_ready(g_state_peers, ordinal); }
+bool moe_fwd_sm90_ready(int ordinal) { return sm90_ready(g_state, ordinal); }
 
 std::string moe_fwd_sm90_unsupported(int H, int I, int E, int k) { return moe::moe_fwd_sm90_unsupported(H, I, E, k); }
 

@@ -54,4 +54,25 @@ inline bool sm90_ready(const Sm90State& state, int ordinal) {
   return ordinal >= 0 && ordinal < kSm90Ordinals && state[ordinal] == 1;
 }
 
+// A kernel instantiated with and without peer code (the MoE megakernels' kPeers:
+// EP = 1 launches run the one without), prepared together: the one-GPU
+// instantiation first (a device that is not sm_90 stops there, state 2), ready
+// when both are.
+struct Sm90StatePair {
+  Sm90State one, peers;
+};
+
+inline std::string prepare_sm90_pair(const char* op, const void* one, const void* peers, int threads, int smem,
+                                     int ordinal, Sm90StatePair& state, cudaError_t (*set_mailbox)(TimeoutRecord*),
+                                     TimeoutUnit unit) {
+  if (ordinal >= 0 && ordinal < kSm90Ordinals && (state.one[ordinal] == 2 || state.peers[ordinal] != 0)) return "";
+  std::string why = prepare_sm90(op, one, threads, smem, ordinal, state.one, set_mailbox, unit);
+  if (!why.empty() || state.one[ordinal] != 1) return why;
+  return prepare_sm90(op, peers, threads, smem, ordinal, state.peers, set_mailbox, unit);
+}
+
+inline bool sm90_ready(const Sm90StatePair& state, int ordinal) {
+  return sm90_ready(state.one, ordinal) && sm90_ready(state.peers, ordinal);
+}
+
 }  // namespace kosmos
