@@ -24,6 +24,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_forward_cuda);
 // dgrad2 + SwiGLU backward, dgrad1, wgrads, fold of dX (kernels/moe/bwd_sm90.cuh;
 // contract: kosmos_jax/ops/_fused_moe_bwd.py).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_backward_cuda);
+// kosmos_moe_select: the MoE routing's top-k ids from XLA's scores, without its sorts
+// (kernels/moe/select.cuh; contract: kosmos_jax/ops/_fused_moe.py select_experts).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(kosmos_moe_select_cuda);
 // The MoE expert GEMMs alone, every expert's rows at once: the MoE benchmark's floor
 // (kosmos_jax.testing.grouped_gemm; csrc/grouped_cuda.cu). kosmos_grouped_gemm: C = A @ B[e];
 // kosmos_grouped_dgrad: C = A @ B[e]^T; kosmos_grouped_swiglu_bwd: dgrad2 with the SwiGLU

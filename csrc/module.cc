@@ -45,6 +45,7 @@ static nb::dict Registrations() {
   cuda("kosmos_bulk_rs_nt", Encapsulate(kosmos_bulk_rs_nt_cuda));
   cuda("kosmos_moe_forward", Encapsulate(kosmos_moe_forward_cuda));
   cuda("kosmos_moe_backward", Encapsulate(kosmos_moe_backward_cuda));
+  cuda("kosmos_moe_select", Encapsulate(kosmos_moe_select_cuda));
   // Benchmark facilities (the MoE floor, both directions):
   cuda("kosmos_grouped_gemm", Encapsulate(kosmos_grouped_gemm_cuda));
   cuda("kosmos_grouped_dgrad", Encapsulate(kosmos_grouped_dgrad_cuda));

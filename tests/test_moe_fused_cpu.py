@@ -282,6 +282,15 @@ def test_lowers_to_one_custom_call(no_gpu_needed, kind):
   for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"shared = {int(shared)} : i64",
                "cu_cap = 0 : i64", "movers = 5 : i64", "switching = 0 : i64"):
     assert attr in call, (attr, call)
+  # The routing's ids: the selection kernel on the scores, no sort left in the routing.
+  sel = [line for line in text.splitlines() if "custom_call @kosmos_moe_select" in line]
+  assert len(sel) == 1, text[-3000:]
+  e_bias = e if cfg.use_expert_bias else 1
+  assert f"(tensor<{T}x{e}xf32>, tensor<{e_bias}xf32>) -> tensor<{T}x{k}xi32>" in sel[0], sel[0]
+  for attr in (f"top_k = {k} : i64", f"n_groups = {cfg.n_groups} : i64",
+               f"topk_groups = {cfg.topk_groups} : i64", f"has_bias = {int(cfg.use_expert_bias)} : i64"):
+    assert attr in sel[0], (attr, sel[0])
+  assert "chlo.top_k" not in text, "the routing still runs XLA's top-k"
 
 
 def test_default_knobs_lower_as_the_kernels_rules(no_gpu_needed):

@@ -3,8 +3,8 @@
 // moe/fwd_ctl.cuh, single-source CUDA/HIP for any CTA of up to kMoeThreads
 // (every step strides by blockDim.x). The GEMM tiles are the engine's
 // (build(): moe/fwd_sm90.cuh, moe/fwd_portable.cuh). Routing runs before the
-// launch (the router GEMM and top-k as XLA ops), so the front's route item is
-// the plan histogram of its block.
+// launch (the router GEMM as XLA ops, the top-k ids by moe/select.cuh), so the
+// front's route item is the plan histogram of its block.
 //
 // Lanes: every per-warp step (the scatter's ranking, the row copies and the
 // fold of moe/fwd_rows.cuh) works on groups of 32 lanes (kosmos/platform.h

@@ -12,7 +12,9 @@ and on the portable one elsewhere (and everywhere with KOSMOS_FUSED_BUILDERS=por
 the handler counts which ran (kosmos_jax.testing.builder_runs()["moe_forward"]).
 
 Before the launch, in XLA, exactly as the twin (kosmos_jax.reference.moe) computes them:
-  - routing (router logits, top-k, combine weights) and the aux loss (moe_router);
+  - routing (router logits, top-k, combine weights) and the aux loss (moe_router), the
+    top-k ids from the `kosmos_moe_select` kernel on XLA's scores (select_experts: the
+    twin's ids, without the sorts XLA lowers jax.lax.top_k to);
   - the layout (reference.moe.plan): cheap, and the backward and routing_stats read it.
 The shared expert runs in the launch, as row blocks of its own (x's token rows,
 its own weights): its GEMM1 tiles start at once, while the movers gather the
@@ -219,11 +221,40 @@ def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap
   return y, y_rows, pair_row, hs if shared else None, ws
 
 
+SELECT = "kosmos_moe_select"
+moe_select_p = Primitive(SELECT)
+moe_select_p.def_abstract_eval(lambda score, bias, *, top_k, n_groups, topk_groups, has_bias: score.update(
+    shape=(score.shape[0], top_k), dtype=jnp.dtype(jnp.int32)))
+mlir.register_lowering(
+    moe_select_p, lambda ctx, score, bias, **attrs: jax.ffi.ffi_lowering(SELECT)(
+        ctx, score, bias, **{k: np.int64(v) for k, v in attrs.items()}), platform="cuda")
+
+
+def pick_experts(score, *, top_k: int, n_groups: int, topk_groups: int, bias=None):
+  """moe_router.pick's ids [t, k] int32 (its twin) from one small kernel
+  (kernels/moe/select.cuh) on the scores [t, E] fp32."""
+  if not _ext.has_target(SELECT, "cuda"):
+    raise NotImplementedError(f"{SELECT} is not compiled into this extension (a CUDA build is needed)")
+  b = jnp.zeros((1,), jnp.float32) if bias is None else bias.astype(jnp.float32)
+  both = _compat.vma(score) | _compat.vma(b)
+  score, b = _compat.pvary_to(score, both), _compat.pvary_to(b, both)
+  return moe_select_p.bind(score, b, top_k=top_k, n_groups=n_groups, topk_groups=topk_groups,
+                           has_bias=int(bias is not None))
+
+
+def select_experts(logits, config: MoEConfig, bias=None):
+  """moe_router.select's ids through pick_experts' kernel on XLA's scores: XLA lowers
+  jax.lax.top_k to sorts (Qwen3-30B-A3B's 8192 tokens: 29 us, DeepSeek-V3's three:
+  181 us)."""
+  return pick_experts(rt.scores(logits, config), top_k=config.top_k, n_groups=config.n_groups,
+                      topk_groups=config.topk_groups, bias=bias)
+
+
 def xla_part(x, router_w, bias=None, *, config: MoEConfig, axis_name):
-  """What the fused forward still runs as XLA ops before its launch: the routing and the
-  aux loss, (routing, aux). benchmarks/moe.py times it alone (arm xla_part), so the cost
-  of not fusing the router is measured."""
-  routing = rt.route(x, router_w, config, bias)
+  """What the fused forward still runs before its launch: the routing (XLA ops, its top-k
+  ids from select_experts' kernel) and the aux loss, (routing, aux). benchmarks/moe.py
+  times it alone (arm xla_part), so the cost of not fusing the router is measured."""
+  routing = rt.route(x, router_w, config, bias, selector=select_experts)
   return routing, rt.aux_loss(routing, config, axis_name)
 
 

@@ -47,17 +47,24 @@ def aux_probs(logits, config: MoEConfig):
 def select(logits, config: MoEConfig, bias=None):
   """[t, k] int32 expert ids: top-k of (score + bias), restricted to the best
   `topk_groups` of `n_groups` groups (group score = sum of its top-2 entries)."""
-  choice = scores(logits, config)
+  return pick(scores(logits, config), top_k=config.top_k, n_groups=config.n_groups,
+              topk_groups=config.topk_groups, bias=bias)
+
+
+def pick(score, *, top_k: int, n_groups: int, topk_groups: int, bias=None):
+  """select's ids from the scores [t, E] (the fused forward's selection kernel, whose
+  contract this is, takes the same: kosmos_jax/ops/_fused_moe.py select_experts)."""
+  choice = score
   if bias is not None:
     choice = choice + bias.astype(jnp.float32)[None, :]  # selection only, never the weights
   t, e = choice.shape
-  if config.n_groups > 1:
-    grouped = choice.reshape(t, config.n_groups, e // config.n_groups)  # [t, G, E/G]
+  if n_groups > 1:
+    grouped = choice.reshape(t, n_groups, e // n_groups)  # [t, G, E/G]
     top2, _ = jax.lax.top_k(grouped, 2)
-    _, keep = jax.lax.top_k(jnp.sum(top2, axis=-1), config.topk_groups)  # [t, topk_groups]
-    kept = jnp.any(keep[:, :, None] == jnp.arange(config.n_groups)[None, None, :], axis=1)
+    _, keep = jax.lax.top_k(jnp.sum(top2, axis=-1), topk_groups)  # [t, topk_groups]
+    kept = jnp.any(keep[:, :, None] == jnp.arange(n_groups)[None, None, :], axis=1)
     choice = jnp.where(kept[:, :, None], grouped, -jnp.inf).reshape(t, e)
-  _, idx = jax.lax.top_k(choice, config.top_k)
+  _, idx = jax.lax.top_k(choice, top_k)
   return idx.astype(jnp.int32)
 
 
@@ -71,9 +78,10 @@ def combine_weights(logits, indices, config: MoEConfig):
   return w * jnp.float32(config.route_scale)
 
 
-def route(x, router_w, config: MoEConfig, bias=None, *, precision=None) -> Routing:
+def route(x, router_w, config: MoEConfig, bias=None, *, precision=None, selector=select) -> Routing:
   """Route tokens x [t, hidden] with router_w [hidden, E]; bias [E] (selection only);
-  precision: of the logits dot (jax.lax.Precision), None = JAX's default."""
+  precision: of the logits dot (jax.lax.Precision), None = JAX's default; selector:
+  select, or a function computing the same ids (the fused forward's kernel)."""
   if x.shape[-1] != router_w.shape[0] or router_w.shape[0] != config.hidden:
     raise ValueError(f"route: x.shape={tuple(x.shape)} and router_w.shape={tuple(router_w.shape)} "
                      f"must agree with hidden={config.hidden}")
@@ -88,7 +96,7 @@ def route(x, router_w, config: MoEConfig, bias=None, *, precision=None) -> Routi
   logits = jnp.einsum("th,he->te", x, router_w, preferred_element_type=jnp.float32,
                       precision=precision)
   logits = logits.astype(jnp.float32)
-  idx = jax.lax.stop_gradient(select(logits, config, bias if config.use_expert_bias else None))
+  idx = jax.lax.stop_gradient(selector(logits, config, bias if config.use_expert_bias else None))
   weights = combine_weights(logits, idx, config)
   counts = jnp.zeros((config.num_experts,), jnp.int32).at[idx.reshape(-1)].add(1)
   prob_sum = jnp.sum(aux_probs(logits, config), axis=0)

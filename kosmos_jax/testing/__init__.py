@@ -30,6 +30,7 @@ import numpy as np
 from kosmos_jax import _ext, runtime
 from kosmos_jax.kernel_config import MoeLaunch
 from kosmos_jax.ops import _dispatch, _fused_bulk_rs, _fused_gemm, _fused_moe, _fused_moe_bwd, _fused_tp
+from kosmos_jax.reference import moe_router as rt
 from kosmos_jax.testing import grouped_gemm  # noqa: F401  (kosmos_jax.testing.grouped_gemm)
 
 TP_OPS = ("ag_tn", "tn_rs", "ag_nn", "bulk_ag_nn", "bulk_rs_nt")
@@ -50,6 +51,7 @@ moe_arena_rows = _fused_moe.arena_rows
 moe_shared_rows = _fused_moe.shared_rows
 moe_return_rows = _fused_moe.return_rows
 moe_forward_xla_part = _fused_moe.xla_part
+moe_pick_experts = _fused_moe.pick_experts
 moe_workspace_bytes = _fused_moe.workspace_bytes
 moe_backward_workspace_bytes = _fused_moe_bwd.workspace_bytes
 MOE_TILE_ROWS = _fused_moe.TILE_ROWS
@@ -143,6 +145,13 @@ def fake_fused(kernels: dict[str, Callable], *, auto: bool | Callable[..., str] 
     _dispatch.fused_status = status
 
 
+class _SelectTwin:
+  """kosmos_moe_select's contract in JAX (moe_router.pick), for fused_on_cpu."""
+
+  def bind(self, score, bias, *, top_k, n_groups, topk_groups, has_bias):
+    return rt.pick(score, top_k=top_k, n_groups=n_groups, topk_groups=topk_groups, bias=bias if has_bias else None)
+
+
 @contextlib.contextmanager
 def fused_on_cpu(primitives: dict[str, object] | None = None):
   """Within the block the real fused wrappers of the registered ops run their
@@ -161,5 +170,7 @@ def fused_on_cpu(primitives: dict[str, object] | None = None):
       if op not in _PRIMITIVES:
         raise ValueError(f"fused_on_cpu: no fused primitive for op={op!r}; known: {sorted(_PRIMITIVES)}")
       stack.enter_context(_patched(*_PRIMITIVES[op], prim))
+    if "moe_forward" in (primitives or {}):  # its routing's selection kernel too
+      stack.enter_context(_patched(_fused_moe, "moe_select_p", _SelectTwin()))
     stack.enter_context(fake_fused({op: _dispatch._FUSED[op] for op in _dispatch._FUSED}, auto=None))
     yield

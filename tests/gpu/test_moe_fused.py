@@ -35,7 +35,9 @@ from helpers import assert_close, fresh, put, rel_err
 from kosmos_jax import MoeLaunch, ops
 from kosmos_jax.moe import MoEConfig, route
 from kosmos_jax.reference import moe as ref_moe
-from kosmos_jax.testing import MOE_TILE_ROWS, builder_runs, moe_arena_rows, moe_forward_built, moe_forward_kernel
+from kosmos_jax.reference import moe_router
+from kosmos_jax.testing import (MOE_TILE_ROWS, builder_runs, moe_arena_rows, moe_forward_built, moe_forward_kernel,
+                                moe_pick_experts)
 from moe_oracle import NAMES, SPECS, dense_moe, layer_grads, make_params, to_f32
 
 pytestmark = pytest.mark.skipif(not moe_forward_built(), reason="kosmos_moe_forward is not compiled into this "
@@ -170,6 +172,43 @@ def _check_pair_rows(cfg, t, idx, pair_row, stable=False):
     want = np.empty(idx.size, np.int64)
     want[order] = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
     np.testing.assert_array_equal(rows.ravel(), start[idx.ravel()] + want)
+
+
+# The routing's selection kernel (kernels/moe/select.cuh) on the preset routers' widths
+# too: Qwen3's softmax top-8 of 128, DeepSeek-V3's group-limited top-8 of 256, Llama 4's
+# top-1 of 16, and the widest rule the kernel takes (E = 512, k = 32).
+SELECT_RULES = dict(KINDS, qwen3=MoEConfig(num_experts=128, top_k=8, hidden=64, expert_intermediate=128),
+                    deepseek_v3=MoEConfig(num_experts=256, top_k=8, hidden=64, expert_intermediate=128,
+                                          score="sigmoid", n_groups=8, topk_groups=4, use_expert_bias=True),
+                    scout=MoEConfig(num_experts=16, top_k=1, hidden=64, expert_intermediate=128, score="sigmoid"),
+                    widest=MoEConfig(num_experts=512, top_k=32, hidden=64, expert_intermediate=128,
+                                     n_groups=64, topk_groups=8))
+
+
+@pytest.mark.parametrize("rule", sorted(SELECT_RULES))
+@pytest.mark.parametrize("scores", ["normal", "ties", "nan"])
+def test_selection_kernel_picks_the_twins_ids(rule, scores):
+  """The same ids as moe_router.pick (the twin's selection) on the same scores, bit for
+  bit: fresh ones, ones with many exact ties (lower id first, groups too), and NaN rows
+  and entries (NaN ranks as -inf). The twin runs on the CPU backend: XLA's GPU top-k
+  may order NaN otherwise."""
+  cfg = SELECT_RULES[rule]
+  t, e = 1000, cfg.num_experts  # 1000: a partial CTA of tokens
+  s = fresh((t, e), jnp.float32)
+  if scores == "ties":
+    s = jnp.round(s * 2) / 2
+  if scores == "nan":
+    s = s.at[3].set(jnp.nan).at[7, ::3].set(jnp.nan)
+  bias = fresh((e,), jnp.float32) * 0.1 if cfg.use_expert_bias else None
+  if scores == "ties" and bias is not None:
+    bias = jnp.round(bias * 20) / 20
+  rule_kw = dict(top_k=cfg.top_k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
+  cpu = jax.devices("cpu")[0]
+  want = jax.jit(lambda a, b: moe_router.pick(a, bias=b, **rule_kw))(*jax.device_put((s, bias), cpu))
+  s, bias = jax.device_put((s, bias), _gpu())
+  for _ in range(2):  # back to back: the second call on the first's memory
+    got = jax.jit(lambda a, b: moe_pick_experts(a, bias=b, **rule_kw))(s, bias)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 CASES = [(kind, t) for kind in KINDS for t in (512, 300)]  # 300: a partial token block
