@@ -282,7 +282,7 @@ def test_lowers_to_one_custom_call(no_gpu_needed, kind):
   for attr in (f"input_gating = {int(cfg.gating == 'input')} : i64", f"shared = {int(shared)} : i64",
                "cu_cap = 0 : i64", "movers = 5 : i64", "switching = 0 : i64"):
     assert attr in call, (attr, call)
-  # The routing's ids: the selection kernel on the scores, no sort left in the routing.
+  # The routing's ids: the selection kernel on the scores, no XLA top-k left.
   sel = [line for line in text.splitlines() if "custom_call @kosmos_moe_select" in line]
   assert len(sel) == 1, text[-3000:]
   e_bias = e if cfg.use_expert_bias else 1

@@ -189,9 +189,9 @@ SELECT_RULES = dict(KINDS, qwen3=MoEConfig(num_experts=128, top_k=8, hidden=64, 
 @pytest.mark.parametrize("scores", ["normal", "ties", "nan"])
 def test_selection_kernel_picks_the_twins_ids(rule, scores):
   """The same ids as moe_router.pick (the twin's selection) on the same scores, bit for
-  bit: fresh ones, ones with many exact ties (lower id first, groups too), and NaN rows
-  and entries (NaN ranks as -inf). The twin runs on the CPU backend: XLA's GPU top-k
-  may order NaN otherwise."""
+  bit: fresh ones, ones with many exact ties (-0 among them; lower id first, groups
+  too), and NaN rows and entries (+NaN first, as lax.top_k ranks it). The twin runs on
+  the CPU backend, the selection's reference (tests/test_host_moe_select.py)."""
   cfg = SELECT_RULES[rule]
   t, e = 1000, cfg.num_experts  # 1000: a partial CTA of tokens
   s = fresh((t, e), jnp.float32)
