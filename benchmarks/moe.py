@@ -595,8 +595,8 @@ def table(rows, arms) -> str:
             "twice the forward's.",
             "- train_*: jax.grad of moe_layer (forward + backward) with impl reference / fused; TF/s count "
             "three forwards' FLOPs.",
-            "- xla_part: what the fused arm still runs as XLA ops before its launch (routing, aux loss), "
-            "timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
+            "- xla_part: what the fused arm runs before its launch (routing: XLA ops and the top-k ids' "
+            "kernel; aux loss), timed alone; its TF/s counts the whole layer's FLOPs, so read only its ms.",
             "- max load: largest expert count / mean of the router's picks (1.00 = exactly balanced); "
             "(fallback): a count exceeds the twin's capacity, so the reference arm runs its dropless pass."]
   if any(r["experts"] != r["experts_preset"] for r in rows):
