@@ -37,3 +37,21 @@ def sm90_cubin(tmp_path, source: str) -> str:
   r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
   return r.stderr
+
+
+def amdgpu_reports(tmp_path, source: str) -> dict:
+  """Compile tests/host/<source> through the HIP code-generation check's compilers
+  (tests/hip/hip_codegen.py) for each of its targets; returns {target: [KernelReport]}.
+  Skips without those toolchains, unless CI requires the check (KOSMOS_REQUIRE_HIP=1),
+  where a missing one fails."""
+  import sys
+  sys.path.insert(0, os.path.join(ROOT, "tests", "hip"))
+  import hip_codegen as hc
+  try:
+    for t in hc.TARGETS:
+      hc.Toolchains(str(tmp_path)).check(t)
+  except hc.ToolchainMissing as e:
+    if os.environ.get("KOSMOS_REQUIRE_HIP", "") not in ("", "0"):
+      pytest.fail(f"KOSMOS_REQUIRE_HIP=1 but {e}")
+    pytest.skip(str(e))
+  return hc.generate(hc.TARGETS, src=os.path.join(ROOT, "tests", "host", source), workdir=str(tmp_path))

@@ -12,9 +12,7 @@ two, with random and tie-heavy logits, on a token count that no block size but 1
 divides. Two more checks compile the same headers as device code: sm_90a with nvcc,
 and gfx90a/gfx942/gfx950 with the HIP code-generation check's toolchains."""
 import functools
-import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,19 +21,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from helpers import assert_close
-from host_build import CXX, ROOT, build, sm90_cubin
+from host_build import CXX, amdgpu_reports, build, sm90_cubin
 from kosmos_jax.reference import moe, moe_router
 from kosmos_jax.reference.moe_config import PRESETS, MoEConfig
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "hip"))
-import hip_codegen as hc  # noqa: E402
 
 T = 203                              # tokens: prime, so no block size below divides it
 ROUTE_BLOCK = 16                     # tokens per routing block (aux partial sums)
 BLOCKS = (1, 7, 64, T, T + 5)        # plan block sizes: 1, non-divisors, one block, more than t
 TILE = 128                           # the driver's padded segment tile (start128)
-REQUIRE_HIP = os.environ.get("KOSMOS_REQUIRE_HIP", "") not in ("", "0")
-DEVICE_TU = os.path.join(ROOT, "tests", "host", "moe_route_plan_kernel.cu")
 DEVICE_KERNELS = {"route_check_kernel", "prob_sum_check_kernel", "plan_histogram_check_kernel",
                   "plan_scan_check_kernel", "plan_scatter_check_kernel"}
 
@@ -169,14 +162,7 @@ def test_stages_compile_as_amdgpu_code(tmp_path):
   """The same kernels through the HIP code-generation check's compilers (tests/hip/
   hip_codegen.py) for gfx90a, gfx942 and gfx950: no scratch, no calls (expf inlined
   from the device library), no dynamic stack."""
-  try:
-    for t in hc.TARGETS:
-      hc.Toolchains(str(tmp_path)).check(t)
-  except hc.ToolchainMissing as e:
-    if REQUIRE_HIP:
-      pytest.fail(f"KOSMOS_REQUIRE_HIP=1 but {e}")
-    pytest.skip(str(e))
-  reports = hc.generate(hc.TARGETS, src=DEVICE_TU, workdir=str(tmp_path))
+  reports = amdgpu_reports(tmp_path, "moe_route_plan_kernel.cu")
   for target, reps in reports.items():
     assert {r.name for r in reps} == DEVICE_KERNELS, target
     for r in reps:

@@ -7,25 +7,18 @@ tie-heavy ones (with -0 and +0 apart, as lax.top_k ranks them) and NaN rows and
 entries (+NaN ranks first, as in lax.top_k). Two more checks compile the kernel as
 device code: sm_90a with nvcc (no stack frame), and gfx90a/gfx942/gfx950 with the
 HIP code-generation check's toolchains. tests/gpu/test_moe_fused.py runs it on a GPU."""
-import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from host_build import CXX, ROOT, build, sm90_cubin
+from host_build import CXX, amdgpu_reports, build, sm90_cubin
 from kosmos_jax.reference import moe_router
 from kosmos_jax.reference.moe_config import PRESETS, MoEConfig
 
-sys.path.insert(0, os.path.join(ROOT, "tests", "hip"))
-import hip_codegen as hc  # noqa: E402
-
 T = 203  # tokens
-REQUIRE_HIP = os.environ.get("KOSMOS_REQUIRE_HIP", "") not in ("", "0")
-DEVICE_TU = os.path.join(ROOT, "tests", "host", "moe_select_kernel.cu")
 
 
 def _small(**kw):
@@ -97,14 +90,7 @@ def test_kernel_compiles_as_sm90_device_code(tmp_path):
 def test_kernel_compiles_as_amdgpu_code(tmp_path):
   """The same kernel through the HIP code-generation check's compilers for gfx90a,
   gfx942 and gfx950 (the reductions as shuffles there): no scratch, no calls."""
-  try:
-    for t in hc.TARGETS:
-      hc.Toolchains(str(tmp_path)).check(t)
-  except hc.ToolchainMissing as e:
-    if REQUIRE_HIP:
-      pytest.fail(f"KOSMOS_REQUIRE_HIP=1 but {e}")
-    pytest.skip(str(e))
-  reports = hc.generate(hc.TARGETS, src=DEVICE_TU, workdir=str(tmp_path))
+  reports = amdgpu_reports(tmp_path, "moe_select_kernel.cu")
   for target, reps in reports.items():
     assert [r.name for r in reps] == ["moe_select_kernel"], target
     for r in reps:

@@ -16,25 +16,15 @@ namespace kosmos::moe {
 constexpr int kSelectTokensPerCta = 8;  // a 32-lane group per token
 constexpr int kSelectThreads = 32 * kSelectTokensPerCta;
 
-KOSMOS_DEVICE uint32_t lanes_max(uint32_t v) {
+// The 32 lanes' largest (kMax) or smallest value, on every lane.
+template <bool kMax>
+KOSMOS_DEVICE uint32_t lanes_extreme(uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return kMax ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
   for (int off = 16; off > 0; off >>= 1) {
     const uint32_t o = (uint32_t)lanes32_shfl((int)v, (int)(threadIdx.x % 32) ^ off);
-    v = o > v ? o : v;
-  }
-  return v;
-#endif
-}
-
-KOSMOS_DEVICE uint32_t lanes_min(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-  for (int off = 16; off > 0; off >>= 1) {
-    const uint32_t o = (uint32_t)lanes32_shfl((int)v, (int)(threadIdx.x % 32) ^ off);
-    v = o < v ? o : v;
+    v = (kMax ? o > v : o < v) ? o : v;
   }
   return v;
 #endif
@@ -46,7 +36,7 @@ KOSMOS_DEVICE int select_take(const uint32_t (&key)[kN], uint32_t* avail, int la
   uint32_t bk;
   int bi;
   select_lane_best(key, *avail, &bk, &bi);
-  const int id = (int)lanes_min(select_offer(bk, bi, lanes_max(bk), lane));
+  const int id = (int)lanes_extreme<false>(select_offer(bk, bi, lanes_extreme<true>(bk), lane));
   select_remove(id, lane, avail);
   return id;
 }
