@@ -26,6 +26,7 @@
 // before anyone reads. Readers through TMA (the engine's producer) acquire
 // themselves and fence to the async proxy.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kosmos/sync.h"
@@ -226,7 +227,9 @@ struct MoeLocalOps {
   KOSMOS_DEVICE void build_layout_ep();
   KOSMOS_DEVICE void push_part(const MoeMove& m);
   KOSMOS_DEVICE void push_unit(const MoeUnit& c);
-  template <bool kPeers = true>
+  // kStages: the fold's ring depth per warp (moe_fold_warp), as the kernel's
+  // shared memory allows.
+  template <bool kPeers = true, int kStages = 1>
   KOSMOS_DEVICE void fold(int item, int first, int last);
 };
 
@@ -369,26 +372,36 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
     span.close(p().trace, ctl.cta, kTraceMove, ((m.xrows * s().e_local + m.x) * s().groups + m.g) * s().ep + m.dst);
 }
 
-// Fold item: tokens [first, last), a warp per token (moe_fold_row): its k
-// routed rows, then (lane k) its shared expert row with weight 1, the twin's
+// Fold item: tokens [first, last), each warp its share (moe_fold_warp): a
+// token's k routed rows, then its shared expert row with weight 1, the twin's
 // order (reference.moe_forward: fold, then + y_s). The whole CTA first locates
 // every (token, slot) row of the item into shared memory, turning each pair's
 // pos into its row of y_rows (pair_row, for the backward): the lookup is a
 // chain of dependent loads (indices, then the layout) that a warp per token
 // would pay before each token's first row load. At EP > 1 a pair whose expert
-// lives on a peer came back into our returned rows: the warp first copies it
-// into y_rows past the R + S rows (its residual row, >= tail), then folds from
-// y_rows alone.
+// lives on a peer came back into our returned rows: the warps first copy those
+// into y_rows past the R + S rows (their residual rows, >= tail), then the CTA
+// folds from y_rows alone.
+// Shared memory (scratch): moe_fold_smem_bytes(kMoeFoldMaxTokens, kStages,
+// blockDim.x / 32), which the kernels assert they have.
 // The launchers' plan blocks (kMoeBlockTokens) make a fold item at most this many tokens.
 constexpr int kMoeFoldMaxTokens = (kMoeBlockTokens + kMoeFoldParts - 1) / kMoeFoldParts;
-template <bool kPeers>
+// The Hopper kernels fold with this many stages a warp, in their engine's A and
+// B rings (idle while they fold; contiguous from the front's scratch, the A ring).
+constexpr int kMoeFoldStagesSm90 = 2;
+template <class Storage>
+constexpr bool moe_fold_fits_rings() {
+  return offsetof(Storage, b) - offsetof(Storage, a) == sizeof(Storage::a) &&
+         sizeof(Storage::a) + sizeof(Storage::b) >=
+             (size_t)moe_fold_smem_bytes(kMoeFoldMaxTokens, kMoeFoldStagesSm90, kMoeThreads / 32);
+}
+template <bool kPeers, int kStages>
 KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   const TraceSpan span;
   const int k = s().top_k, H = p().H, slots = k + (s().shared_blocks > 0), tail = p().rbs * s().tile_m;
   const int n = last - first;
-  static_assert(2 * kMoeFoldMaxTokens * 32 <= kMoeScratchInts, "a fold item's rows and weights fit scratch");
-  int* rows = scratch;                                          // [n][slots]
-  float* wts = reinterpret_cast<float*>(scratch + n * slots);   // [n][slots]
+  int* rows = scratch;                                                 // [n][slots]
+  float* wts = reinterpret_cast<float*>(scratch + kMoeFoldMaxTokens * 32);  // [n][slots]
   for (int i = threadIdx.x; i < n * slots; i += blockDim.x) {
     const int tok = first + i / slots, j = i % slots;
     int row = s().shared_rb0 * s().tile_m + tok;
@@ -405,25 +418,17 @@ KOSMOS_DEVICE void MoeLocalOps::fold(int item, int first, int last) {
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int t = warp; t < n; t += warps) {
-    const int row = lane < slots ? rows[t * slots + lane] : 0;
-    const float wt = lane < slots ? wts[t * slots + lane] : 0.f;
-    const int next = lane < slots && t + warps < n ? rows[(t + warps) * slots + lane] : -1;
-    if (peers<kPeers>()) {
-      for (int j = 0; j < k; ++j) {
-        const int rj = lanes32_shfl(row, j);
-        if (rj >= tail)
-          moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().peer_ret[s().rank] + (size_t)(rj - tail) * H),
-                                reinterpret_cast<uint4*>(p().y_rows + (size_t)rj * H), H / 8, lane, false, 1.f);
-      }
-      lanes32_sync();  // the warp's copies before its fold reads them
+  if (peers<kPeers>()) {
+    for (int i = warp; i < n * k; i += warps) {
+      const int rj = rows[i / k * slots + i % k];
+      if (rj >= tail)
+        moe_copy_row<8, true>(reinterpret_cast<const uint4*>(p().peer_ret[s().rank] + (size_t)(rj - tail) * H),
+                              reinterpret_cast<uint4*>(p().y_rows + (size_t)rj * H), H / 8, lane, false, 1.f);
     }
-    bf16_t* y = p().y + (size_t)(first + t) * H;
-    // Two vectors per lane at most: four (32 fp32 sums, 8 vectors in flight) spill at
-    // the kernel's 168 registers.
-    if (slots >= kFoldDepth) moe_fold_row<1>(p().y_rows, y, H, slots, row, wt, lane, next);
-    else moe_fold_row<2>(p().y_rows, y, H, slots, row, wt, lane, next);
+    __syncthreads();  // every warp's copies before any fold reads them
   }
+  uint4* ring = reinterpret_cast<uint4*>(scratch + 2 * kMoeFoldMaxTokens * 32) + warp * kStages * kFoldStageVecs;
+  moe_fold_warp<kStages>(p().y_rows, p().y + (size_t)first * H, H, slots, n, rows, wts, ring, warp, warps, lane);
   __syncthreads();  // every warp's reads of the located rows before the next item's
   if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceReduce, item);
 }

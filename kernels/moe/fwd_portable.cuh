@@ -61,12 +61,14 @@ struct MoeFwdPortableParams {
 static_assert(portable::kThreads <= kMoeThreads, "the CTA-wide ops' scratch is sized for kMoeThreads");
 
 // The kernel's shared state: the claims' broadcast cell, and the engine's
-// staging overlaid with the front's scratch (no tile runs during the front).
+// staging overlaid with the front's scratch (no tile runs during the front) and
+// the fold's (MoeLocalOps::fold, one stage a warp: no shared memory to spare).
 struct MoePortableShared {
   int bc;
   union {
     portable::EngineSmem tile;
     int scratch[kMoeScratchInts];
+    uint4 fold[moe_fold_smem_bytes(kMoeFoldMaxTokens, 1, portable::kThreads / 32) / 16];  // from scratch: a one-stage ring
   };
 };
 

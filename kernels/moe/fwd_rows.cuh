@@ -50,79 +50,79 @@ KOSMOS_DEVICE void moe_copy_row(const uint4* from, uint4* to, int vecs, int lane
   }
 }
 
-// A token's fold over the vectors v0 + 32 * i (i < kV) of its output row: the
-// sum over slots j = 0..k-1 in that order of w_j * row_j, fp32 products then
-// fp32 sums (no contraction: the twin's fold), rounded once. Lane j holds slot
-// j's row (`row`) and weight (`wt`); kJ = kFoldDepth / kV slots'
-// loads are in flight at once, so kFoldDepth vectors per lane whatever k
-// (measured: 4 deep, a 210 us fold tail on Qwen3-30B-A3B; 8 deep, 189 us; more
-// spills at the Hopper kernel's 168 registers).
-constexpr int kFoldDepth = 8;
-template <int kV>
-KOSMOS_DEVICE void moe_fold_vecs(const bf16_t* rows, bf16_t* y, int H, int k, int row, float wt, int v0, int vecs) {
-  constexpr int kJ = kFoldDepth / kV;
-  float acc[kV][8];
-  for (int j0 = 0; j0 < k; j0 += kJ) {
-    uint4 u[kJ][kV];
-    float w[kJ];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const int slot = j0 + j < k ? j0 + j : k - 1;  // every lane shuffles: the source lane must take part
-      const int r = lanes32_shfl(row, slot);
-      w[j] = lanes32_shfl(wt, slot);
-#pragma unroll
-      for (int i = 0; i < kV; ++i)
-        if (j0 + j < k && v0 + 32 * i < vecs)
-          u[j][i] = *reinterpret_cast<const uint4*>(rows + (size_t)r * H + (v0 + 32 * i) * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      if (j0 + j >= k) break;
-#pragma unroll
-      for (int i = 0; i < kV; ++i) {
-        const bf16_t* h = reinterpret_cast<const bf16_t*>(&u[j][i]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float term = __fmul_rn(w[j], to_f32(h[e]));
-          acc[i][e] = j0 + j == 0 ? term : __fadd_rn(acc[i][e], term);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kV; ++i) {
-    const int v = v0 + 32 * i;
-    if (v >= vecs) continue;
-    uint4 out;
-    bf16_t* o = reinterpret_cast<bf16_t*>(&out);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = from_f32<bf16_t>(acc[i][e]);
-    reinterpret_cast<uint4*>(y)[v] = out;
-  }
+// The fold's rounds: kFoldSlots rows of a token (a slot group) times 32
+// 16-byte vectors (a column block), one vector per lane and row; a stage of a
+// warp's ring holds one round (4 KiB).
+constexpr int kFoldSlots = 8;
+constexpr int kFoldStageVecs = kFoldSlots * 32;
+// Shared memory of a fold item: its (token, slot) rows and weights, then each
+// warp's ring of `stages` stages.
+constexpr int moe_fold_smem_bytes(int max_tokens, int stages, int warps) {
+  return 2 * max_tokens * 32 * 4 + stages * warps * kFoldStageVecs * 16;
 }
 
-// A token's whole output row, kV vectors per lane step (kV * k >= kFoldDepth
-// where k allows). Whole 32-lane rounds, so every lane takes part in each
-// round's shuffles even where H / 8 is not a multiple of 32 * kV (the rounds'
-// loads and stores skip the vectors past the row). Lane j < k also prefetches
-// its slot's chunk of the next round into L2 (on the last round, the chunk of
-// row `next`: its slot's row in the warp's next token, or -1): the loads in
-// flight are capped by registers (kFoldDepth), the prefetch is not. Measured on
-// the fold's access pattern alone (a standalone copy of this loop, not kept;
-// 2026-12-04, 1xH200, 8192 tokens, benchmarks/RESULTS.md): Qwen3-30B-A3B 116.5
-// -> 97.8 us, DeepSeek-V3 483.6 -> 376.0 us; two rounds ahead 102.7 / 407.7,
-// four 117.4 / 543.8 (prefetched lines evicted before their loads).
-template <int kV>
-KOSMOS_DEVICE void moe_fold_row(const bf16_t* rows, bf16_t* y, int H, int k, int row, float wt, int lane, int next) {
-  const int vecs = H / 8, step = 32 * kV;
-  for (int base = 0; base < vecs; base += step) {
-    if (lane < k) {
-      const int nb = base + step;
-      if (nb < vecs) l2_prefetch(rows + (size_t)row * H + (size_t)nb * 8, (vecs - nb < step ? vecs - nb : step) * 16);
-      else if (next >= 0) l2_prefetch(rows + (size_t)next * H, (vecs < step ? vecs : step) * 16);
+// One warp's tokens of a fold item, tokens warp, warp + warps, ... of n: each
+// token's output row y[t] = the sum over its slots j = 0..slots-1 in that order
+// of wt[t][j] * rows[at[t][j]], fp32 products then fp32 sums (no contraction:
+// the twin's fold), rounded once. at / wt: [n][slots] in shared memory; y: the
+// item's first output row; ring: the warp's kStages stages.
+// The rounds run back to back across the warp's tokens with kStages - 1 of them
+// in flight behind the one being summed (async_copy16: no registers held), so a
+// lane keeps 8 (kStages - 1) loads going whatever the token's k, where loads
+// into registers were capped at 8 by the megakernel's 168 registers. Measured on
+// the fold's access pattern alone (a standalone copy, not kept; 2026-12-04,
+// 1xH200, 8192 tokens; benchmarks/RESULTS.md): Qwen3-30B-A3B 93.7 us, DeepSeek-V3
+// 351.5 us with 2 stages, against 97.9 / 376.6 us for 8 register loads a lane
+// and an L2 prefetch of the next round (116 / 485 without it); 3 or 4 stages
+// the same as 2. Lane l copies and later reads only its own cells of a stage,
+// so no lane waits for another's copies (the wait covers the thread's own).
+template <int kStages>
+KOSMOS_DEVICE void moe_fold_warp(const bf16_t* rows, bf16_t* y, int H, int slots, int n, const int* at, const float* wt,
+                                 uint4* ring, int warp, int warps, int lane) {
+  const int vecs = H / 8, groups = (slots + kFoldSlots - 1) / kFoldSlots;
+  const int per = groups * ((vecs + 31) / 32), total = warp < n ? (n - 1 - warp) / warps * per + per : 0;
+  auto issue = [&](int q) {
+    if (q < total) {
+      const int t = warp + q / per * warps, c = q % per, v = c / groups * 32 + lane, j0 = c % groups * kFoldSlots;
+      uint4* stage = ring + q % kStages * kFoldStageVecs + lane;
+#pragma unroll
+      for (int j = 0; j < kFoldSlots; ++j)
+        if (j0 + j < slots && v < vecs) async_copy16(stage + 32 * j, rows + (size_t)at[t * slots + j0 + j] * H + v * 8);
     }
-    moe_fold_vecs<kV>(rows, y, H, k, row, wt, base + lane, vecs);
+    async_commit();  // an empty group past the end keeps the count of groups in flight
+  };
+  for (int q = 0; q < kStages - 1; ++q) issue(q);
+  float acc[8];
+  for (int q = 0; q < total; ++q) {
+    // The stage this lane read last round is overwritten next: its reads first.
+    lanes32_sync();
+    issue(q + kStages - 1);
+    async_wait<kStages - 1>();
+    const int t = warp + q / per * warps, c = q % per, v = c / groups * 32 + lane, g = c % groups;
+    if (v >= vecs) continue;
+    const uint4* stage = ring + q % kStages * kFoldStageVecs + lane;
+#pragma unroll
+    for (int j = 0; j < kFoldSlots; ++j) {
+      const int slot = g * kFoldSlots + j;
+      if (slot >= slots) break;
+      const uint4 u = stage[32 * j];
+      const bf16_t* h = reinterpret_cast<const bf16_t*>(&u);
+      const float w = wt[t * slots + slot];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float term = __fmul_rn(w, to_f32(h[e]));
+        acc[e] = slot == 0 ? term : __fadd_rn(acc[e], term);
+      }
+    }
+    if (g == groups - 1) {
+      uint4 out;
+      bf16_t* o = reinterpret_cast<bf16_t*>(&out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = from_f32<bf16_t>(acc[e]);
+      reinterpret_cast<uint4*>(y + (size_t)t * H)[v] = out;
+    }
   }
+  async_wait<0>();
 }
 
 }  // namespace kosmos::moe

@@ -100,7 +100,9 @@ struct MoeSm90Ops : MoeLocalOps {
 
   // The EP = 1 instantiation holds no peer code (MoeLocalOps, kPeers).
   KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
-  KOSMOS_DEVICE void fold(int item, int first, int last) { MoeLocalOps::fold<kPeers>(item, first, last); }
+  KOSMOS_DEVICE void fold(int item, int first, int last) {
+    MoeLocalOps::fold<kPeers, kMoeFoldStagesSm90>(item, first, last);
+  }
   KOSMOS_DEVICE void push_unit(const MoeUnit& c) {
     if constexpr (kPeers) MoeLocalOps::push_unit(c);
     else trap();  // units go to peers only (moe_push_unit), and this kernel runs at EP = 1
@@ -143,6 +145,7 @@ template <class Cfg, bool kPeers>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg> p) {
   static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
   static_assert(sizeof(sm90::SharedStorage<Cfg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
+  static_assert(moe_fold_fits_rings<sm90::SharedStorage<Cfg>>(), "the fold's rows and rings fit the A and B rings");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;

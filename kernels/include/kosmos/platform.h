@@ -259,4 +259,33 @@ KOSMOS_DEVICE void l2_prefetch(const void* p, int bytes) {
 #endif
 }
 
+// ---- asynchronous 16-byte copies into shared memory ------------------------------
+// sm_80+: cp.async.cg, a global -> shared copy through L2 only (never a stale L1
+// line; no register held while it flies), in groups the issuing thread commits
+// and later waits for; the wait covers that thread's own copies only. Elsewhere
+// a plain 16-byte copy, done when the call returns, and the group calls are
+// nothing. smem and gmem 16-byte aligned.
+#if defined(KOSMOS_GPU)
+KOSMOS_DEVICE void async_copy16(void* smem, const void* gmem) {
+#if defined(KOSMOS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+KOSMOS_DEVICE void async_commit() {
+#if defined(KOSMOS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+KOSMOS_DEVICE void async_wait() {
+#if defined(KOSMOS_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+#endif
+
 }  // namespace kosmos
