@@ -29,6 +29,9 @@ Arms, forward only, each under jax.jit with its own warm-up and sustained timing
                or the dropless pass, batched expert GEMMs, combine, fold, shared expert)
   fused        ops.moe_forward(impl="fused"): the router in XLA, then one
                kosmos_moe_forward launch (the shared expert's tiles in it)
+               Both with for_backward=False, the forward moe_layer runs outside a gradient
+               (the fused launch keeps no pre-activations; XLA drops the twin's residuals
+               anyway). The train_* arms' forwards keep them.
   fused_fixed  the same with MoeLaunch(switching=False): a fixed mover crew
   floor        the expert GEMMs alone (kosmos_grouped_gemm, kosmos_jax.testing.grouped_gemm)
                on pre-permuted balanced rows: GEMM1 (N = 2I, no SwiGLU) and GEMM2 (K = I,
@@ -74,7 +77,6 @@ times two windows of two calls: it checks the plumbing, not the numbers.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pathlib
 import shutil
@@ -288,7 +290,7 @@ def layer_arm(cfg: moe.MoEConfig, names: tuple, impl: str, launch=None):
     p = dict(zip(names, ps))
     y, aux, _ = ops.moe_forward(x, p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
                                 p.get("shared_down"), p.get("expert_bias"), config=cfg, axis_name="ep",
-                                impl=impl, launch=launch)
+                                impl=impl, launch=launch, for_backward=False)
     return y, aux
 
   specs = {"gate_up": P("ep"), "down": P("ep")}

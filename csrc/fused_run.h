@@ -139,6 +139,7 @@ struct MoeFwdArgs {
   int64_t t, H, k, e_local, I, ep;
   bool shared, input_gating;
   int64_t cu_cap, movers, switching;
+  bool keep_preacts = true;  // GEMM1's pre-activations for the backward (hs among the results then)
 };
 // `g` and `ctrl_slot` as find_group_slot returns them (unused at ep = 1).
 xla::ffi::Error moe_fwd_run(CUstream_st* stream, int ordinal, const GroupInfo& g, int ctrl_slot, const MoeFwdArgs& a);

@@ -56,7 +56,7 @@ struct MoeCall {
   int64_t ep, e_local;
   int R, S, P, nt1, nt2, grid;  // arena rows, the shared expert's rows (0: none), returned rows (EP > 1)
   int band;                  // row blocks per band of the tile order (gemm::swizzle_group)
-  bool input_gating, switching;
+  bool input_gating, switching, keep_preacts;
   int64_t movers;
 };
 
@@ -76,7 +76,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, ch
   m.weights = static_cast<const float*>(weights);
   m.y = static_cast<bf16_t*>(y);
   m.pair_row = static_cast<int*>(pair_row);
-  m.hs = c.S > 0 ? static_cast<bf16_t*>(hs) : nullptr;
+  m.hs = c.S > 0 && c.keep_preacts ? static_cast<bf16_t*>(hs) : nullptr;
   m.input_gating = c.input_gating;
   m.ctrl = reinterpret_cast<moe::MoeCtrl*>(base + L.ctrl);
   m.rbs = (c.R + c.S) / moe::kMoeTileRows;
@@ -87,6 +87,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, ch
   m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
   m.act = reinterpret_cast<bf16_t*>(base + L.act);
   m.h1 = reinterpret_cast<bf16_t*>(base + L.h1);
+  m.keep_preacts = c.keep_preacts;
   m.y_rows = static_cast<bf16_t*>(y_rows);
   m.movers = moe_movers(c.movers, c.grid, c.switching, 1);
   m.switching = c.switching;
@@ -127,6 +128,7 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   const char* op = "kosmos_moe_forward";
   MoeCall c{a.t, a.H, a.k, a.ep * a.e_local, a.I, a.ep, a.e_local};
   c.input_gating = a.input_gating != 0, c.switching = a.switching != 0, c.movers = a.movers;
+  c.keep_preacts = a.keep_preacts;
   if (a.ep < 1 || a.ep > moe::kEpMaxRanks || (a.ep > 1 && (g.rank < 0 || g.rank >= a.ep)))
     return Fail(op, "ep=" + std::to_string(a.ep) + " must be in 1.." + std::to_string(moe::kEpMaxRanks) +
                         " with this device's rank in it (rank " + std::to_string(g.rank) + ")");
@@ -165,7 +167,8 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
     e = cudaMemsetAsync(a.y, 0xFF, (size_t)c.t * c.H * 2, stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(a.y_rows, 0xFF, (size_t)a.y_rows_rows * c.H * 2, stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(a.pair_row, 0xFF, (size_t)c.t * c.k * 4, stream);
-    if (e == cudaSuccess && a.shared) e = cudaMemsetAsync(a.hs, 0xFF, (size_t)c.t * 2 * c.I * 2, stream);
+    if (e == cudaSuccess && a.shared && a.keep_preacts)
+      e = cudaMemsetAsync(a.hs, 0xFF, (size_t)c.t * 2 * c.I * 2, stream);
   }
   if (e == cudaSuccess && err.empty()) {
     moe::MoeFwdParams m = moe_params(c, c.ep > 1 ? g.rank : 0, L, base, a.x, a.indices, a.weights, a.y, a.y_rows,
@@ -186,15 +189,16 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  ffi::AnyBuffer sw2, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> y_rows,
                                  ffi::Result<ffi::AnyBuffer> pair_row, ffi::Result<ffi::AnyBuffer> hs,
                                  ffi::Result<ffi::AnyBuffer> ws, int64_t input_gating, int64_t shared, int64_t cu_cap,
-                                 int64_t movers, int64_t switching, ffi::Span<const int64_t> groups, int64_t ep,
-                                 ffi::Span<const int64_t> slots) {
+                                 int64_t movers, int64_t switching, int64_t keep_preacts,
+                                 ffi::Span<const int64_t> groups, int64_t ep, ffi::Span<const int64_t> slots) {
   const char* op = "kosmos_moe_forward";
   if (std::string why = check_operands(x, indices, weights, w1, w2, sw1, sw2, shared); !why.empty()) return Fail(op, why);
   const int64_t t = x.dimensions()[0], H = x.dimensions()[1], k = indices.dimensions()[1], I = w2.dimensions()[1];
   if (!shaped(y->dimensions(), {t, H}) || y_rows->dimensions().size() != 2 || y_rows->dimensions()[1] != H ||
-      !shaped(pair_row->dimensions(), {t, k}) || (shared && !shaped(hs->dimensions(), {t, 2 * I})))
+      !shaped(pair_row->dimensions(), {t, k}) || (shared && keep_preacts && !shaped(hs->dimensions(), {t, 2 * I})))
     return Fail(op, "results must be y [t, h], y_rows [R + S + P, h], pair_row [t, k]" +
-                        std::string(shared ? ", hs [t, 2I]" : "") + "; got y " + dims(y->dimensions()) + ", y_rows " +
+                        std::string(shared && keep_preacts ? ", hs [t, 2I]" : "") + "; got y " +
+                        dims(y->dimensions()) + ", y_rows " +
                         dims(y_rows->dimensions()) + ", pair_row " + dims(pair_row->dimensions()));
   GroupInfo g;
   int ctrl_slot = -1;
@@ -205,7 +209,7 @@ static ffi::Error MoeForwardCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                sw1.untyped_data(), sw2.untyped_data(), y->untyped_data(), y_rows->untyped_data(),
                pair_row->untyped_data(), hs->untyped_data(), ws->untyped_data(), ws->size_bytes(),
                y_rows->dimensions()[0], t, H, k, w1.dimensions()[0], I, ep, shared != 0, input_gating != 0, cu_cap,
-               movers, switching};
+               movers, switching, keep_preacts != 0};
   return moe_fwd_run(stream, ordinal, g, ctrl_slot, a);
 }
 
@@ -223,13 +227,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_moe_forward_cuda, MoeForwardCuda,
                                   .Ret<ffi::AnyBuffer>()   // y [t, h] bf16
                                   .Ret<ffi::AnyBuffer>()   // y_rows [R + S + P, h] bf16
                                   .Ret<ffi::AnyBuffer>()   // pair_row [t, k] int32
-                                  .Ret<ffi::AnyBuffer>()   // hs [t, 2I] bf16 (shared), else (1,)
+                                  .Ret<ffi::AnyBuffer>()   // hs [t, 2I] bf16 (shared, keep_preacts), else (1,)
                                   .Ret<ffi::AnyBuffer>()   // ws uint8 (moe/fwd_ws.h)
                                   .Attr<int64_t>("input_gating")
                                   .Attr<int64_t>("shared")
                                   .Attr<int64_t>("cu_cap")      // 0 = all SMs
                                   .Attr<int64_t>("movers")      // -1 = default policy
                                   .Attr<int64_t>("switching")   // 0: fixed crew
+                                  .Attr<int64_t>("keep_preacts")  // 0: none kept (hs (1,)): no backward reads
                                   .Attr<ffi::Span<const int64_t>>("groups")  // [n_groups*ep] global ids (ep > 1)
                                   .Attr<int64_t>("ep")                       // EP group size
                                   .Attr<ffi::Span<const int64_t>>("slots")); // [n_groups] control slots (ep > 1)

@@ -13,7 +13,9 @@
 #         step; prints each arm's new / ref time per shape and the geomean
 # moe     benchmarks/moe.py on MOE_PRESETS (default qwen3-30b-a3b,deepseek-v3; balanced routing)
 #         with MOE_ARMS (default fused,train_fused), both trees per preset; prints each arm's
-#         new / ref ms and, with fused and train_fused, the backward's (their difference)
+#         new / ref ms and, with fused and train_fused, the backward's (their difference: the
+#         backward launch and XLA's part, plus what the step's forward keeps for it, the
+#         pre-activations, which the fused arm's forward-only launch does not)
 # tests   pytest over TESTS (default tests/gpu; extra args go to pytest) on the new tree's
 #         build, for a call that follows the A/B on a warm machine without a third build
 # Logs and CSVs go to $OUT/gpu_ab.tgz ($OUT default ./out). BUDGET_S bounds the benchmarks.

@@ -45,9 +45,13 @@ class _KernelTwin:
   token order; each pair's expert output; the fold (slot order, fp32, then the shared
   expert's row), rounded once."""
 
+  def __init__(self):
+    self.kept = []  # keep_preacts of each bind, in order
+
   def bind(self, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
-           axis_name, ep):
+           keep_preacts, axis_name, ep):
     assert ep == 1 and axis_name is None, "the twin is the EP = 1 contract"
+    self.kept.append(keep_preacts)
     t, k = indices.shape
     e, h = w1.shape[0], x.shape[1]
     flat = indices.reshape(-1)
@@ -69,6 +73,7 @@ class _KernelTwin:
       hs, ys = ref_moe.shared_forward(x, sw1, sw2)
       y = y + ys.astype(jnp.float32)
       y_rows = y_rows.at[r:r + t].set(ys)
+      hs = hs if keep_preacts else jnp.zeros((1,), x.dtype)
     ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1], shared),), jnp.uint8)
     return y.astype(x.dtype), y_rows, pair_row.reshape(t, k).astype(jnp.int32), hs, ws
 
@@ -326,6 +331,67 @@ def test_wrapper_matches_the_twin(kernel_twin, kind):
   assert_close(y, yd, BF16, what=f"{kind} y fused (kernel twin) vs dense oracle")
 
 
+@pytest.mark.parametrize("kind", ["deepseek", "softmax"])
+def test_layer_keeps_preacts_only_under_a_gradient(no_gpu_needed, kind):
+  """moe_layer outside a gradient lowers its launch with keep_preacts = 0 (no backward
+  reads residuals; with a shared expert, hs is then a (1,) result), and jax.grad's
+  forward with keep_preacts = 1."""
+  cfg = KINDS[kind]
+  p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
+  names, m = _names(p), ep_mesh(1)
+  _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), p)
+
+  def fwd(x, *ps_):
+    return moe_layer(x, dict(zip(names, ps_)), cfg, axis_name="ep", impl="fused")[0]
+
+  grad = jax.grad(lambda x, *ps_: jnp.sum(fwd(x, *ps_).astype(jnp.float32)))
+  hs = f"tensor<{T}x{2 * cfg.expert_intermediate}xbf16>"
+  for fn, keep in ((fwd, 0), (grad, 1)):
+    f = jax.jit(jax.shard_map(fn, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=P("ep")))
+    text = f.trace(xs, *ps).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_forward(" in line]
+    assert len(calls) == 1 and f"keep_preacts = {keep} : i64" in calls[0], calls
+    if cfg.shared_expert_intermediate:
+      assert (hs in calls[0].split("->")[1]) == bool(keep), calls[0]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_forward_only_residuals(kind):
+  """ops.moe_forward(for_backward=False): the same y and aux as the default, the
+  residuals trimmed to x, routing and layout on both paths, and moe_backward refuses
+  them by name; the flag itself must be a bool."""
+  cfg = KINDS[kind]
+  twin = _KernelTwin()
+  p = make_params(cfg, BF16, bool(cfg.shared_expert_intermediate))
+  names, m = _names(p), ep_mesh(1)
+  _, xs, ps = place(m, fresh((T, cfg.hidden), BF16), p)
+
+  def run(impl, for_backward):
+    def local(x, *ps_):
+      q = dict(zip(names, ps_))
+      y, aux, res = ops.moe_forward(x, q["router_w"], q["gate_up"], q["down"], q.get("shared_gate_up"),
+                                    q.get("shared_down"), q.get("expert_bias"), config=cfg, axis_name="ep",
+                                    impl=impl, for_backward=for_backward)
+      kept = [f for f in ("xr", "h1", "rows", "hs", "ws") if getattr(res, f) is not None]
+      if not for_backward:
+        assert kept == [], kept
+        with pytest.raises(ValueError, match=r"for_backward=False"):
+          ops.moe_backward(res, y, aux, q["router_w"], q["gate_up"], q["down"], q.get("shared_gate_up"),
+                           q.get("shared_down"), config=cfg, axis_name="ep", impl=impl)
+      return y, aux
+    return jax.jit(jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]),
+                                 out_specs=(P("ep"), P())))(xs, *ps)
+
+  with fused_on_cpu({"moe_forward": twin}):
+    for impl in ("fused", "reference"):
+      trimmed, full = run(impl, False), run(impl, True)
+      for u, v in zip(trimmed, full):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+  assert twin.kept == [0, 1], twin.kept
+  with pytest.raises(TypeError, match=r"for_backward=1 must be a bool"):
+    ops.moe_forward(xs, *[p[n] for n in names[:3]], config=cfg, axis_name="ep", for_backward=1)
+
+
 def _layer_grads(cfg, ep, impl, x, p, cot):
   return layer_grads(cfg, ep_mesh(ep), x, p, cot, impl)
 
@@ -346,7 +412,7 @@ def test_layer_grad_under_fused_is_the_twins(kernel_twin, kind):
     assert_close(got[name], want[name], BF16, what=f"{kind} d{name} fused vs reference")
 
 
-def _twin_without_rows(*args, config, axis_name, cu_cap, launch):
+def _twin_without_rows(*args, config, axis_name, cu_cap, launch, for_backward):
   """The twin's forward, its residuals stripped of the dispatched rows as the fused
   forward's are: the backward must recompute them."""
   y, aux, res = reference.moe_forward(*args, config=config, axis_name=axis_name)

@@ -68,7 +68,7 @@ struct MoePortableShared {
   union {
     portable::EngineSmem tile;
     int scratch[kMoeScratchInts];
-    uint4 fold[moe_fold_smem_bytes(kMoeFoldMaxTokens, 1, portable::kThreads / 32) / 16];  // from scratch: a one-stage ring
+    uint4 fold[moe_fold_smem_bytes(kMoeFoldMaxTokens, 1, portable::kThreads / 32) / 16];  // from scratch: 1 stage
   };
 };
 
@@ -125,9 +125,9 @@ struct MoePortableOps : MoeLocalOps {
   }
 
   // act's rows of t.rb, columns [64 t.n, + 64): silu(gate) * up, rounded once,
-  // and their bf16 pre-activations for the backward (h1's arena rows, the
-  // shared expert's hs: gate columns, then up, I further on). The shared
-  // expert's tiles read x and its own weights.
+  // and (keep_preacts) their bf16 pre-activations for the backward (h1's
+  // arena rows, the shared expert's hs: gate columns, then up, I further on).
+  // The shared expert's tiles read x and its own weights.
   KOSMOS_DEVICE void swiglu_tile(const MoeTile& t) {
     using E = MoePortableEngine;
     const int H = p().H, I = p().I, m0 = s().shared_rb0;
@@ -141,7 +141,8 @@ struct MoePortableOps : MoeLocalOps {
     for (int i = 0; i < E::kSub; ++i) {
       const int row = t.rb * E::kBM + E::acc_row(i), tok = row - m0 * E::kBM;
       bf16_t* out = p().act + (size_t)row * I + t.n * kMoePortableCols1;
-      bf16_t* pre = !shared              ? p().h1 + (size_t)row * 2 * I + t.n * kMoePortableCols1
+      bf16_t* pre = !p().keep_preacts    ? nullptr
+                    : !shared            ? p().h1 + (size_t)row * 2 * I + t.n * kMoePortableCols1
                     : tok < s().tokens   ? p().hs + (size_t)tok * 2 * I + t.n * kMoePortableCols1
                                          : nullptr;
 #pragma unroll

@@ -35,7 +35,7 @@ struct MoeFwdSm90Params {
   typename P::TmaBHalf sw1_half;  // GEMM1's B: its gate | up [H, 2I] in half-height boxes
   typename P::TmaB sw2;           // GEMM2's B: its down [I, H]
   typename P::TmaC h1_out;        // GEMM1's pre-activations: h1 [R, 2I] (routed rows)
-  typename P::TmaC hs_out;        // and hs [t, 2I] (the shared expert's; else a copy of h1_out)
+  typename P::TmaC hs_out;        // and hs [t, 2I] (the shared expert's, kept; else a copy of h1_out)
 };
 
 template <class Cfg, int kGemm>
@@ -72,8 +72,10 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   // Where GEMM1's bf16 pre-activations go, kept for the backward: the tile's
   // gate half at column kBN / 2 * n of h1 (routed: arena rows) or hs (the
   // shared expert's: token rows, those past t clipped), its up half I further.
+  // Nowhere (false) in a launch no backward reads: the tile leaves as h alone.
   KOSMOS_DEVICE bool preact_box(gemm::TileCoord t, sm90::StoreBox<typename P::TmaC>* gate,
                                 sm90::StoreBox<typename P::TmaC>* up) const {
+    if (!p->m.keep_preacts) return false;
     const int col = t.n * (Cfg::kBN / 2), I = p->m.I;
     if (shared(t)) {
       *gate = {&p->hs_out, b->s.tokens, 2 * I, t.m - b->s.shared_rb0, col};
@@ -191,7 +193,7 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(psw1, 2 * I, shared ? H : E * H, 2 * I),
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H),
                           sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I),
-                          sm90::make_output_tma<Cfg>(shared ? m.hs : m.h1, shared ? m.s.tokens : R, 2 * I, 2 * I)};
+                          sm90::make_output_tma<Cfg>(m.hs ? m.hs : m.h1, m.hs ? m.s.tokens : R, 2 * I, 2 * I)};
   constexpr int kSmem = sm90::SharedStorage<Cfg>::kLaunchBytes;
   if (m.s.ep > 1) moe_fwd_sm90_kernel<Cfg, true><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
   else moe_fwd_sm90_kernel<Cfg, false><<<grid, Cfg::kThreads, kSmem, stream>>>(p);

@@ -28,24 +28,26 @@ _RENAMED = {"w1": "gate_up", "w2": "down", "shared_w1": "shared_gate_up", "share
 
 
 def _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
-             precision, cu_cap, launch):
+             precision, cu_cap, launch, for_backward):
   y, aux, res = ops.moe_forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias,
                                 config=config, axis_name=axis_name, impl=impl, precision=precision,
-                                cu_cap=cu_cap, launch=launch)
+                                cu_cap=cu_cap, launch=launch, for_backward=for_backward)
   return (y, aux, routing_stats(res, config, axis_name)), res
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
 def _moe(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
          precision, cu_cap, launch):
+  # Outside a gradient (the primal alone): nothing reads residuals, so the fused
+  # kernel keeps no pre-activations.
   return _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name,
-                  impl, precision, cu_cap, launch)[0]
+                  impl, precision, cu_cap, launch, for_backward=False)[0]
 
 
 def _moe_fwd(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, axis_name, impl,
              precision, cu_cap, launch):
   out, res = _forward(x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config,
-                      axis_name, impl, precision, cu_cap, launch)
+                      axis_name, impl, precision, cu_cap, launch, for_backward=True)
   return out, (res, router_w, gate_up, down, shared_gate_up, shared_down, bias)
 
 

@@ -28,7 +28,9 @@ The residuals are the twin's, less the dispatched rows (xr = h1 = None), plus th
 launch's workspace ws: its gathered x rows (padding rows zero), SwiGLU activations and
 routed pre-activations, in the arena's order, which the fused backward
 (kosmos_jax/ops/_fused_moe_bwd.py) reads; the twin's backward ignores ws and recomputes
-the expert rows by the dropless pass.
+the expert rows by the dropless pass. A forward no backward reads (for_backward=False,
+moe_layer outside a gradient) launches with keep_preacts = 0 (GEMM1's epilogue stores h
+alone) and keeps only x, routing and layout.
 
 No capacity: the kernel's arena holds every pair a rank can receive (R rows below), so
 it never falls back and never drops. The layout, and so routing_stats' capacity_fill and
@@ -44,15 +46,17 @@ The FFI contract (kosmos_moe_forward, platform CUDA):
             row scaled by its weight and rounded to bf16, as the twin's
             _expert_inputs, then folded with weight 1); shared; cu_cap (0: no cap;
             the grid is min(SMs, cu_cap)); movers (-1: the kernel's rule); switching
-            (1 by default; 0: a fixed mover crew); groups (the mesh's EP groups of
-            global device ids), ep, slots (their control slots), as the TP+SP ops.
+            (1 by default; 0: a fixed mover crew); keep_preacts (1: GEMM1's pre-activations
+            kept for the backward, routed in ws and the shared expert's in hs; 0: none,
+            a forward no backward reads); groups (the mesh's EP groups of global device
+            ids), ep, slots (their control slots), as the TP+SP ops.
   results   y [t, h] bf16; y_rows [R + S + P, h] bf16, every pair's expert output row
             in arena order, then the shared expert's S = shared_rows(t) (token order),
             then at EP > 1 the P = return_rows rows our pairs got back from their owners;
             pair_row [t, k] int32, the row of y_rows holding pair (token, slot);
-            hs [t, 2I] bf16, the shared expert's pre-activations (shared = 1, else
-            (1,)); ws [W] uint8 (arena_rows, workspace_bytes): scratch, and the
-            fused backward's residual.
+            hs [t, 2I] bf16, the shared expert's pre-activations (shared = keep_preacts
+            = 1, else (1,)); ws [W] uint8 (arena_rows, workspace_bytes): scratch, and
+            the fused backward's residual.
 """
 from __future__ import annotations
 
@@ -158,7 +162,7 @@ moe_forward_p.multiple_results = True
 
 
 def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
-              axis_name, ep):
+              keep_preacts, axis_name, ep):
   # Every result typed like x (dtype aside): the operands were given one varying-axes
   # type, the union of theirs, before the bind.
   t, h = x.shape
@@ -167,19 +171,19 @@ def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu
   r, s, p = arena_rows(t, k, e, ep), shared_rows(t, shared), return_rows(t, k, e, ep)
   return (x.update(shape=(t, h)), x.update(shape=(r + s + p, h)),
           x.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
-          x.update(shape=(t, two_i) if shared else (1,)),
+          x.update(shape=(t, two_i) if shared and keep_preacts else (1,)),
           x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared, ep),), dtype=jnp.dtype(jnp.uint8)))
 
 
 def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
-              axis_name, ep):
+              keep_preacts, axis_name, ep):
   # The EP groups of the mesh (jax.shard_map's), as the TP+SP ops take theirs; none at EP = 1.
   none = np.zeros((0,), np.int64)
   groups = group_attrs(TARGET, ctx, axis_name, ep) if ep > 1 else dict(groups=none, slots=none)
   return jax.ffi.ffi_lowering(TARGET)(
       ctx, x, indices, weights, w1, w2, sw1, sw2, input_gating=np.int64(input_gating), shared=np.int64(shared),
       cu_cap=np.int64(cu_cap or 0), movers=np.int64(-1 if movers is None else movers),
-      switching=np.int64(switching), ep=np.int64(ep), **groups)
+      switching=np.int64(switching), keep_preacts=np.int64(keep_preacts), ep=np.int64(ep), **groups)
 
 
 moe_forward_p.def_abstract_eval(_abstract)
@@ -187,17 +191,17 @@ mlir.register_lowering(moe_forward_p, _lowering, platform="cuda")
 
 
 def launch_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gating: bool, cu_cap=None,
-                  launch: MoeLaunch = MoeLaunch(), axis_name=None):
+                  launch: MoeLaunch = MoeLaunch(), axis_name=None, keep_preacts: bool = True):
   """The launch alone, on routing made elsewhere: (y [t, h], y_rows [R + S, h],
   pair_row [t, k], hs [t, 2I] or None); sw1 [h, 2I] and sw2 [I, h] bf16, the shared
-  expert's weights, or None (no shared expert). The tests reach it through
-  kosmos_jax.testing.moe_forward_kernel."""
+  expert's weights, or None (no shared expert); keep_preacts=False: no pre-activations
+  kept (hs None). The tests reach it through kosmos_jax.testing.moe_forward_kernel."""
   return _launch(x, indices, weights, w1, w2, sw1, sw2, input_gating=input_gating, cu_cap=cu_cap,
-                 launch=launch, axis_name=axis_name)[:4]
+                 launch=launch, axis_name=axis_name, keep_preacts=keep_preacts)[:4]
 
 
 def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap, launch: MoeLaunch,
-            axis_name=None):
+            axis_name=None, keep_preacts: bool = True):
   """launch_kernel's four results and the workspace ws (the fused backward's residual)."""
   if not _ext.has_target(TARGET, "cuda"):
     raise NotImplementedError(f"{TARGET} is not compiled into this extension (a CUDA build with the "
@@ -217,8 +221,9 @@ def _launch(x, indices, weights, w1, w2, sw1, sw2, *, input_gating: bool, cu_cap
   ep = 1 if axis_name is None else int(_compat.axis_size(axis_name))
   y, y_rows, pair_row, hs, ws = moe_forward_p.bind(
       *ops_, input_gating=int(bool(input_gating)), shared=int(shared), cu_cap=cu_cap, movers=launch.movers,
-      switching=int(launch.switching), axis_name=axis_name if ep > 1 else None, ep=ep)
-  return y, y_rows, pair_row, hs if shared else None, ws
+      switching=int(launch.switching), keep_preacts=int(bool(keep_preacts)), axis_name=axis_name if ep > 1 else None,
+      ep=ep)
+  return y, y_rows, pair_row, hs if shared and keep_preacts else None, ws
 
 
 SELECT = "kosmos_moe_select"
@@ -259,10 +264,13 @@ def xla_part(x, router_w, bias=None, *, config: MoEConfig, axis_name):
 
 
 def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
-                      config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch()):
+                      config: MoEConfig, axis_name, cu_cap=None, launch: MoeLaunch = MoeLaunch(),
+                      for_backward: bool = True):
   """ops.moe_forward in one launch (operands validated by ops.moe_forward): (y [t, h]
   bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns them, the
-  residuals without dispatched rows (xr = h1 = None), with the launch's workspace."""
+  residuals without dispatched rows (xr = h1 = None), with the launch's workspace.
+  for_backward=False: the launch keeps no pre-activations (GEMM1's epilogue stores h
+  alone) and the residuals keep only x, routing and layout (ops.moe_forward's rule)."""
   op = "moe_forward"
   ep = int(_compat.axis_size(axis_name))
   check_fused(op, x, config, ep)
@@ -273,7 +281,9 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   sw1 = None if shared_gate_up is None else ref._flat(shared_gate_up)
   y, y_rows, pair_row, hs, ws = _launch(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
                                         shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch,
-                                        axis_name=axis_name)
+                                        axis_name=axis_name, keep_preacts=for_backward)
+  if not for_backward:
+    return y, aux, ref.MoEResiduals(x, routing, layout, None, None, None, None, None)
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)

@@ -9,7 +9,8 @@ Shapes (per device; ep = size of `axis_name`; E_l = num_experts / ep):
   shared_gate_up [hidden, 2, I_s], shared_down [I_s, hidden] (replicated, only when
   config.shared_expert_intermediate > 0); bias [E] (only with use_expert_bias).
 
-  moe_forward  -> (y [t, hidden], aux loss [], residuals)
+  moe_forward  -> (y [t, hidden], aux loss [], residuals) (for_backward=False: residuals
+                  for routing_stats only, which moe_backward refuses)
   moe_backward -> (dx, drouter_w, dgate_up, ddown, dshared_gate_up, dshared_down)
 
 `precision` (a jax.lax.Precision, or None for JAX's default) reaches every dot of the
@@ -106,18 +107,45 @@ def _run(op: str, impl, precision, cu_cap, args: tuple, kwargs: dict, fused_kwar
 
 def moe_forward(x, router_w, gate_up, down, shared_gate_up=None, shared_down=None, bias=None, *,
                 config: MoEConfig, axis_name, impl=None, precision=None, cu_cap=None,
-                launch: MoeLaunch | None = None):
+                launch: MoeLaunch | None = None, for_backward: bool = True):
   """Whole MoE layer forward: route, plan, dispatch, GEMM1+SwiGLU, GEMM2, combine,
   fold (+ shared expert). Returns (y, aux_loss, residuals). launch: MoeLaunch
-  knobs of the fused kernel (None: its defaults)."""
+  knobs of the fused kernel (None: its defaults). for_backward=False: no
+  moe_backward will read these residuals (inference; moe_layer outside a
+  gradient): the fused kernel then keeps no pre-activations, and on either path
+  the residuals come back with x, routing and layout only (what routing_stats
+  reads; xr, h1, rows, hs and ws None), which moe_backward refuses."""
   op = "moe_forward"
+  if not isinstance(for_backward, bool):
+    raise TypeError(f"{op}: for_backward={for_backward!r} must be a bool")
   ep = chk.axis_size(op, axis_name)
   check_operands(op, x, router_w, gate_up, down, shared_gate_up, shared_down, bias, config, ep)
   launch = check_launch(op, launch)
   bias = bias if config.use_expert_bias else None
   args = (x, router_w, gate_up, down, shared_gate_up, shared_down, bias)
-  return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name),
-              dict(launch=launch))
+  y, aux, res = _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name),
+                     dict(launch=launch, for_backward=for_backward))
+  return y, aux, res if for_backward else trimmed(res)
+
+
+def trimmed(res):
+  """Residuals no backward reads (moe_forward(for_backward=False)): x, routing and
+  layout kept, the rest dropped."""
+  return res._replace(xr=None, h1=None, rows=None, hs=None, ws=None)
+
+
+def refuse_trimmed(op: str, residuals, config: MoEConfig) -> None:
+  """ValueError for residuals that lack what the backward reads: the expert outputs
+  (output gating) or the shared expert's pre-activations (moe_forward(for_backward=False)
+  drops both; with input gating and no shared expert the twin recomputes everything)."""
+  missing = [name for name, needed in (("rows", config.gating == "output"),
+                                       ("hs", bool(config.shared_expert_intermediate)))
+             if needed and getattr(residuals, name) is None]
+  if missing:
+    raise ValueError(f"{op}: residuals.{' and residuals.'.join(missing)} is None, which this config's "
+                     f"backward reads (gating={config.gating!r}, shared_expert_intermediate="
+                     f"{config.shared_expert_intermediate}): residuals of moe_forward(for_backward=False) "
+                     "serve routing_stats only; run the forward with for_backward=True for a backward")
 
 
 def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=None,
@@ -132,5 +160,6 @@ def moe_backward(residuals, dy, daux, router_w, gate_up, down, shared_gate_up=No
                  check_bias=False)
   if tuple(dy.shape) != tuple(x.shape):
     raise ValueError(f"{op}: dy.shape={tuple(dy.shape)} must equal x.shape={tuple(x.shape)}")
+  refuse_trimmed(op, residuals, config)
   args = (residuals, dy.astype(x.dtype), daux, router_w, gate_up, down, shared_gate_up, shared_down)
   return _run(op, impl, precision, cu_cap, args, dict(config=config, axis_name=axis_name))

@@ -58,16 +58,17 @@ MOE_TILE_ROWS = _fused_moe.TILE_ROWS
 
 
 def moe_forward_kernel(x, indices, weights, w1, w2, sw1=None, sw2=None, *, input_gating: bool, cu_cap=None,
-                       launch: MoeLaunch | None = None):
+                       launch: MoeLaunch | None = None, keep_preacts: bool = True):
   """The fused MoE forward's launch alone (EP = 1, any jit or shard_map context), on
   routing made elsewhere: x [t, h] bf16, indices [t, k] int32, weights [t, k] f32,
   w1 [E, h, 2I] and w2 [E, I, h] bf16, sw1 [h, 2I] and sw2 [I, h] bf16 (the shared
   expert's, run in the launch and folded after the routed rows) or None. Returns
   (y [t, h], y_rows [R + S, h], pair_row [t, k], hs [t, 2I] or None): every pair's
   expert output row in arena order (then the shared expert's S rows, token order),
-  where pair (token, slot) is, and the shared expert's bf16 pre-activations."""
+  where pair (token, slot) is, and the shared expert's bf16 pre-activations (None
+  with keep_preacts=False: a launch that keeps none, as a forward outside a gradient)."""
   return _fused_moe.launch_kernel(x, indices, weights, w1, w2, sw1, sw2, input_gating=input_gating,
-                                  cu_cap=cu_cap, launch=launch or MoeLaunch())
+                                  cu_cap=cu_cap, launch=launch or MoeLaunch(), keep_preacts=keep_preacts)
 
 
 def builder_runs() -> dict[str, dict[str, int]]:

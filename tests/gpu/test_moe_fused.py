@@ -98,7 +98,7 @@ def _names(cfg):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward(cfg, impl, cu_cap=None, launch=None):
+def _forward(cfg, impl, cu_cap=None, launch=None, for_backward=True):
   """Jitted (x, *params) -> (y, aux) of ops.moe_forward on the EP = 1 mesh."""
   names, m = _names(cfg), _mesh()
 
@@ -106,7 +106,7 @@ def _forward(cfg, impl, cu_cap=None, launch=None):
     p = dict(zip(names, ps))
     y, aux, _ = ops.moe_forward(x, p["router_w"], p["gate_up"], p["down"], p.get("shared_gate_up"),
                                 p.get("shared_down"), p.get("expert_bias"), config=cfg, axis_name="ep",
-                                impl=impl, cu_cap=cu_cap, launch=launch)
+                                impl=impl, cu_cap=cu_cap, launch=launch, for_backward=for_backward)
     return y, aux
 
   f = jax.shard_map(local, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=(P("ep"), P()))
@@ -119,9 +119,9 @@ def _run(cfg, impl, x, p, **kw):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg, cu_cap=None, launch=None):
+def _kernel(cfg, cu_cap=None, launch=None, keep_preacts=True):
   """Jitted launch alone on the twin's routing: (y, y_rows, pair_row, indices, weights,
-  hs), hs None without a shared expert."""
+  hs), hs None without a shared expert or kept pre-activations."""
   e, h, i = cfg.num_experts, cfg.hidden, cfg.expert_intermediate
 
   def f(x, router_w, gate_up, down, bias, shared_gate_up, shared_down):
@@ -129,7 +129,7 @@ def _kernel(cfg, cu_cap=None, launch=None):
     sw1 = None if shared_gate_up is None else shared_gate_up.reshape(h, -1)
     y, y_rows, pair_row, hs = moe_forward_kernel(x, r.indices, r.weights, gate_up.reshape(e, h, 2 * i), down, sw1,
                                                  shared_down, input_gating=cfg.gating == "input", cu_cap=cu_cap,
-                                                 launch=launch)
+                                                 launch=launch, keep_preacts=keep_preacts)
     return y, y_rows, pair_row, r.indices, r.weights, hs
 
   return jax.jit(f)
@@ -431,6 +431,22 @@ def test_two_runs_bitwise_equal(kind):
     _assert_bits(u, v, f"{kind} {name} run 2 vs run 1", rows=(name == "y_rows", _owned(cfg, t, a[2])))
   ya, yb = _run(cfg, "fused", x, p)[0], _run(cfg, "fused", x, p)[0]
   _assert_bits(ya, yb, f"{kind} ops.moe_forward y run 2 vs run 1")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_forward_without_preacts_same_bits(kind):
+  """A launch that keeps no pre-activations (a forward outside a gradient) gives the
+  same outputs, bit for bit, as one that keeps them, and so does ops.moe_forward with
+  for_backward=False (what moe_layer's forward outside jax.grad runs)."""
+  cfg, t = KINDS[kind], 512
+  p, x = _params(cfg), _tokens(cfg, t)
+  kept, bare = _launch(cfg, x, p), _launch(cfg, x, p, keep_preacts=False)
+  assert bare[5] is None, "no hs from a launch that keeps no pre-activations"
+  for name, u, v in zip(("y", "y_rows", "pair_row"), bare[:3], kept[:3]):
+    _assert_bits(u, v, f"{kind} {name} without vs with pre-activations",
+                 rows=(name == "y_rows", _owned(cfg, t, kept[2])))
+  fwd, _ = _run(cfg, "fused", x, p, for_backward=False)
+  _assert_bits(fwd, _run(cfg, "fused", x, p)[0], f"{kind} ops.moe_forward y, for_backward False vs True")
 
 
 @pytest.mark.parametrize("launch", [MoeLaunch(movers=1), MoeLaunch(switching=False),
