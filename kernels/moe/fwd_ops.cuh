@@ -383,7 +383,9 @@ KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
 // into y_rows past the R + S rows (their residual rows, >= tail), then the CTA
 // folds from y_rows alone.
 // Shared memory (scratch): moe_fold_smem_bytes(kMoeFoldMaxTokens, kStages,
-// blockDim.x / 32), which the kernels assert they have.
+// blockDim.x / 32), which the Hopper kernels assert (moe_fold_fits_rings) and the
+// portable kernels' shared union holds. The peers' rows are stored by the warps
+// and read by cp.async (through L2) after the CTA barrier, which orders them.
 // The launchers' plan blocks (kMoeBlockTokens) make a fold item at most this many tokens.
 constexpr int kMoeFoldMaxTokens = (kMoeBlockTokens + kMoeFoldParts - 1) / kMoeFoldParts;
 // The Hopper kernels fold with this many stages a warp, in their engine's A and
