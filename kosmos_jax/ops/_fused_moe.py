@@ -270,7 +270,7 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   bf16, aux loss [] fp32, MoEResiduals), as reference.moe_forward returns them, the
   residuals without dispatched rows (xr = h1 = None), with the launch's workspace.
   for_backward=False: the launch keeps no pre-activations (GEMM1's epilogue stores h
-  alone) and the residuals keep only x, routing and layout (ops.moe_forward's rule)."""
+  alone); ops.moe_forward then trims the residuals (and XLA drops what they lose)."""
   op = "moe_forward"
   ep = int(_compat.axis_size(axis_name))
   check_fused(op, x, config, ep)
@@ -282,8 +282,6 @@ def moe_forward_fused(x, router_w, gate_up, down, shared_gate_up=None, shared_do
   y, y_rows, pair_row, hs, ws = _launch(x, routing.indices, routing.weights, ref._flat(gate_up), down, sw1,
                                         shared_down, input_gating=not output_gated, cu_cap=cu_cap, launch=launch,
                                         axis_name=axis_name, keep_preacts=for_backward)
-  if not for_backward:
-    return y, aux, ref.MoEResiduals(x, routing, layout, None, None, None, None, None)
   # The backward's dg_j = <dY, Y_j> reads each pair's expert output (output gating only).
   rows = y_rows[pair_row] if output_gated else None
   return y, aux, ref.MoEResiduals(x, routing, layout, None, None, rows, hs, ws)
