@@ -86,7 +86,7 @@ moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, ch
   m.order = reinterpret_cast<int*>(base + L.order);
   m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
   m.act = reinterpret_cast<bf16_t*>(base + L.act);
-  m.h1 = reinterpret_cast<bf16_t*>(base + L.h1);
+  m.h1 = c.keep_preacts ? reinterpret_cast<bf16_t*>(base + L.h1) : nullptr;  // no region then (fwd_ws.h)
   m.keep_preacts = c.keep_preacts;
   m.y_rows = static_cast<bf16_t*>(y_rows);
   m.movers = moe_movers(c.movers, c.grid, c.switching, 1);
@@ -145,7 +145,7 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   c.P = moe::moe_return_rows((int)c.t, (int)c.k, (int)c.ep, (int)c.E);
   if (std::string why = moe_shared_top_k(a.shared, c.k); !why.empty()) return Fail(op, why);
   const moe::MoeWs L =
-      moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H, (int)c.I, a.shared);
+      moe::moe_ws_layout((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local, (int)c.H, (int)c.I, a.shared, c.keep_preacts);
   if (a.y_rows_rows != c.R + c.S + c.P)
     return Fail(op, "y_rows has " + std::to_string(a.y_rows_rows) + " rows; it must have R + S + P = " +
                         std::to_string(c.R + c.S + c.P) + " (kosmos_jax.ops._fused_moe.y_rows_rows)");

@@ -74,7 +74,7 @@ class _KernelTwin:
       y = y + ys.astype(jnp.float32)
       y_rows = y_rows.at[r:r + t].set(ys)
       hs = hs if keep_preacts else jnp.zeros((1,), x.dtype)
-    ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1], shared),), jnp.uint8)
+    ws = jnp.zeros((moe_workspace_bytes(t, k, e, h, w2.shape[1], shared, 1, bool(keep_preacts)),), jnp.uint8)
     return y.astype(x.dtype), y_rows, pair_row.reshape(t, k).astype(jnp.int32), hs, ws
 
 
@@ -238,6 +238,10 @@ def test_workspace_formula():
   assert moe_workspace_bytes(5, 2, 8, 64, 128, False) == 65536 + 1024 + 1024 + 5120 + 147456 + 294912 + 589824
   assert moe_shared_rows(5, True) == 128
   assert moe_workspace_bytes(5, 2, 8, 64, 128, True) == 65536 + 1024 + 1024 + 5120 + 147456 + 327680 + 589824
+  # A launch that keeps no pre-activations has no h1 region (inference: DeepSeek-V3 766 MiB less).
+  assert moe_workspace_bytes(5, 2, 8, 64, 128, True, 1, False) == 65536 + 1024 + 1024 + 5120 + 147456 + 327680
+  assert (moe_workspace_bytes(8192, 8, 256, 7168, 2048, True) - moe_workspace_bytes(8192, 8, 256, 7168, 2048, True, 1,
+                                                                                     False)) == al(98048 * 4096 * 2)
   # k > E: a token picks an expert at most once, so t * min(k, E) pairs.
   assert moe_arena_rows(3, 4, 2) == -(-(3 * 2 + 2 * 127) // 128) * 128
 
@@ -346,11 +350,15 @@ def test_layer_keeps_preacts_only_under_a_gradient(no_gpu_needed, kind):
 
   grad = jax.grad(lambda x, *ps_: jnp.sum(fwd(x, *ps_).astype(jnp.float32)))
   hs = f"tensor<{T}x{2 * cfg.expert_intermediate}xbf16>"
+  shared, e, h, i = bool(cfg.shared_expert_intermediate), cfg.num_experts, cfg.hidden, cfg.expert_intermediate
   for fn, keep in ((fwd, 0), (grad, 1)):
     f = jax.jit(jax.shard_map(fn, mesh=m, in_specs=(P("ep"), *[SPECS[n] for n in names]), out_specs=P("ep")))
     text = f.trace(xs, *ps).lower(lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "custom_call @kosmos_moe_forward(" in line]
     assert len(calls) == 1 and f"keep_preacts = {keep} : i64" in calls[0], calls
+    # The workspace result: no h1 region without a backward to read it.
+    ws = f"tensor<{moe_workspace_bytes(T, cfg.top_k, e, h, i, shared, 1, bool(keep))}xui8>"
+    assert ws in calls[0].split("->")[1], (ws, calls[0])
     if cfg.shared_expert_intermediate:
       assert (hs in calls[0].split("->")[1]) == bool(keep), calls[0]
 

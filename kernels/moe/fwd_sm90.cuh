@@ -180,6 +180,10 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
   const auto* x = reinterpret_cast<const sm90::bf16*>(m.x);
   const auto* arena = reinterpret_cast<const sm90::bf16*>(m.arena);
   const auto* act = reinterpret_cast<const sm90::bf16*>(m.act);
+  // Without h1 (keep_preacts = 0: the workspace has no h1 region) a copy of the act
+  // store's descriptor, never stored through (preact_box).
+  const auto h1_out =
+      m.h1 ? sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I) : sm90::make_output_tma<Cfg>(m.act, RS, I, I);
   MoeFwdSm90Params<Cfg> p{m,
                           {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(arena, R, H, H),
                            make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw1, 2 * I, E * H, 2 * I),
@@ -192,8 +196,8 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
                           make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(x, m.s.tokens, H, H),
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(psw1, 2 * I, shared ? H : E * H, 2 * I),
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H),
-                          sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I),
-                          sm90::make_output_tma<Cfg>(m.hs ? m.hs : m.h1, m.hs ? m.s.tokens : R, 2 * I, 2 * I)};
+                          h1_out,
+                          m.hs ? sm90::make_output_tma<Cfg>(m.hs, m.s.tokens, 2 * I, 2 * I) : h1_out};
   constexpr int kSmem = sm90::SharedStorage<Cfg>::kLaunchBytes;
   if (m.s.ep > 1) moe_fwd_sm90_kernel<Cfg, true><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
   else moe_fwd_sm90_kernel<Cfg, false><<<grid, Cfg::kThreads, kSmem, stream>>>(p);

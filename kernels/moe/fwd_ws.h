@@ -10,7 +10,8 @@
 //   arena    [R][H] bf16     the experts' input rows (padding rows zeroed); EP = 1 only:
 //                            at EP > 1 peers push into it, so it is in the heap
 //   act      [R + S][I] bf16 SwiGLU outputs (the shared expert's in the last S rows)
-//   h1       [R][2I] bf16    the routed rows' pre-activations, gate | up
+//   h1       [R][2I] bf16    the routed rows' pre-activations, gate | up; absent from
+//                            a launch that keeps none (keep_preacts = 0: no backward reads it)
 //
 // arena, act and h1 are what the backward reuses (dgrad2's SwiGLU backward
 // reads h1, wgrad2 act, wgrad1 the arena): the workspace is the forward's
@@ -57,7 +58,8 @@ struct MoeWs {
   size_t zeroed;                                    // bytes from 0 the launcher clears
 };
 
-KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared) {
+KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared,
+                                     bool keep_preacts = true) {
   const int E = ep * e_local;
   const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), S = (size_t)moe_shared_rows(t, shared);
   const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
@@ -69,7 +71,7 @@ KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int ep, int e_local, int H, i
   w.arena = w.order + moe_ws_align(R * 4);
   w.act = w.arena + (ep == 1 ? moe_ws_align(R * H * 2) : 0);
   w.h1 = w.act + moe_ws_align((R + S) * I * 2);
-  w.total = w.h1 + moe_ws_align(R * 2 * I * 2);
+  w.total = w.h1 + (keep_preacts ? moe_ws_align(R * 2 * I * 2) : 0);
   w.zeroed = w.hist;
   return w;
 }

@@ -55,7 +55,8 @@ The FFI contract (kosmos_moe_forward, platform CUDA):
             then at EP > 1 the P = return_rows rows our pairs got back from their owners;
             pair_row [t, k] int32, the row of y_rows holding pair (token, slot);
             hs [t, 2I] bf16, the shared expert's pre-activations (shared = keep_preacts
-            = 1, else (1,)); ws [W] uint8 (arena_rows, workspace_bytes): scratch, and
+            = 1, else (1,)); ws [W] uint8 (arena_rows, workspace_bytes; no h1 region
+            with keep_preacts = 0): scratch, and
             the fused backward's residual.
 """
 from __future__ import annotations
@@ -119,18 +120,19 @@ def shared_rows(t: int, shared: bool) -> int:
   return _roundup(t, TILE_ROWS) if shared else 0
 
 
-def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool, ep: int = 1) -> int:
+def workspace_bytes(t: int, k: int, e: int, h: int, i: int, shared: bool, ep: int = 1,
+                    keep_preacts: bool = True) -> int:
   """W, the scratch bytes of one launch; the C++ handler refuses a smaller ws, naming
   both sizes. In order: the control block; 32 bytes of flags per row block; the plan's
   per-(token block, expert) counts; each arena row's pair; the gathered token rows
   (bf16 [R, h], padding rows zero; EP = 1 only: at EP > 1 the arena is in the heap);
   the SwiGLU activations (bf16 [R + S, I]); the routed rows' pre-activations (bf16
-  [R, 2I], gate | up). The last three are what a backward over the same routing
-  reuses (kernels/moe/fwd_ws.h)."""
+  [R, 2I], gate | up; none with keep_preacts=False). The last three are what a
+  backward over the same routing reuses (kernels/moe/fwd_ws.h)."""
   r, s, nb = arena_rows(t, k, e, ep), shared_rows(t, shared), -(-t // BLOCK_TOKENS)
   al = lambda n: _roundup(n, ALIGN)
   return (al(CTRL_BYTES) + al((r + s) // TILE_ROWS * 32) + al(nb * e * 4) + al(r * 4)
-          + (al(r * h * 2) if ep == 1 else 0) + al((r + s) * i * 2) + al(r * 2 * i * 2))
+          + (al(r * h * 2) if ep == 1 else 0) + al((r + s) * i * 2) + (al(r * 2 * i * 2) if keep_preacts else 0))
 
 
 def check_fused(op: str, x, config: MoEConfig, ep: int) -> None:
@@ -172,7 +174,8 @@ def _abstract(x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu
   return (x.update(shape=(t, h)), x.update(shape=(r + s + p, h)),
           x.update(shape=(t, k), dtype=jnp.dtype(jnp.int32)),
           x.update(shape=(t, two_i) if shared and keep_preacts else (1,)),
-          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared, ep),), dtype=jnp.dtype(jnp.uint8)))
+          x.update(shape=(workspace_bytes(t, k, e, h, two_i // 2, shared, ep, keep_preacts),),
+                   dtype=jnp.dtype(jnp.uint8)))
 
 
 def _lowering(ctx, x, indices, weights, w1, w2, sw1, sw2, *, input_gating, shared, cu_cap, movers, switching,
