@@ -87,7 +87,6 @@ moe::MoeFwdParams moe_params(const MoeCall& c, int rank, const moe::MoeWs& L, ch
   m.arena = reinterpret_cast<bf16_t*>(base + L.arena);
   m.act = reinterpret_cast<bf16_t*>(base + L.act);
   m.h1 = c.keep_preacts ? reinterpret_cast<bf16_t*>(base + L.h1) : nullptr;  // no region then (fwd_ws.h)
-  m.keep_preacts = c.keep_preacts;
   m.y_rows = static_cast<bf16_t*>(y_rows);
   m.movers = moe_movers(c.movers, c.grid, c.switching, 1);
   m.switching = c.switching;

@@ -74,8 +74,8 @@ struct MoeFwdParams {
   int* order;             // [t*k] pairs in the packed plan order
   bf16_t* arena;          // [R][H] the experts' input rows
   bf16_t* act;            // [R + S][I] SwiGLU outputs
-  bf16_t* h1;             // [R][2I] routed pre-activations (bf16, gate | up), kept for the backward; null: none kept
-  int keep_preacts;       // store h1 and hs (0: a forward no backward reads, e.g. inference)
+  bf16_t* h1;             // [R][2I] routed pre-activations (bf16, gate | up), kept for the backward;
+                          // null: a forward no backward reads (e.g. inference) keeps none, nor hs
   bf16_t* y_rows;         // [R + S + P][H] the experts' output rows (the shared expert's after
                           // ours, then, at EP > 1, copies of the rows our pairs got back)
   // EP > 1: the group's blocks by rank, each in its rank's heap (moe/fwd_heap.h):

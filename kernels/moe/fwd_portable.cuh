@@ -125,7 +125,7 @@ struct MoePortableOps : MoeLocalOps {
   }
 
   // act's rows of t.rb, columns [64 t.n, + 64): silu(gate) * up, rounded once,
-  // and (keep_preacts) their bf16 pre-activations for the backward (h1's
+  // and (h1 set: kept) their bf16 pre-activations for the backward (h1's
   // arena rows, the shared expert's hs: gate columns, then up, I further on).
   // The shared expert's tiles read x and its own weights.
   KOSMOS_DEVICE void swiglu_tile(const MoeTile& t) {
@@ -141,7 +141,7 @@ struct MoePortableOps : MoeLocalOps {
     for (int i = 0; i < E::kSub; ++i) {
       const int row = t.rb * E::kBM + E::acc_row(i), tok = row - m0 * E::kBM;
       bf16_t* out = p().act + (size_t)row * I + t.n * kMoePortableCols1;
-      bf16_t* pre = !p().keep_preacts    ? nullptr
+      bf16_t* pre = p().h1 == nullptr    ? nullptr
                     : !shared            ? p().h1 + (size_t)row * 2 * I + t.n * kMoePortableCols1
                     : tok < s().tokens   ? p().hs + (size_t)tok * 2 * I + t.n * kMoePortableCols1
                                          : nullptr;

@@ -75,7 +75,7 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   // Nowhere (false) in a launch no backward reads: the tile leaves as h alone.
   KOSMOS_DEVICE bool preact_box(gemm::TileCoord t, sm90::StoreBox<typename P::TmaC>* gate,
                                 sm90::StoreBox<typename P::TmaC>* up) const {
-    if (!p->m.keep_preacts) return false;
+    if (p->m.h1 == nullptr) return false;
     const int col = t.n * (Cfg::kBN / 2), I = p->m.I;
     if (shared(t)) {
       *gate = {&p->hs_out, b->s.tokens, 2 * I, t.m - b->s.shared_rb0, col};
