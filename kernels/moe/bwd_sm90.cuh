@@ -39,27 +39,18 @@
 #include "moe/bwd_hooks_sm90.cuh"
 #include "moe/bwd_queues.h"
 #include "moe/fwd_ops.cuh"
+#include "moe/sm90_ops.cuh"
 #include "moe/swiglu_bwd_sm90.cuh"
 
 namespace kosmos::moe {
 
 template <class Dg, class Wg, bool kPeers>
-struct MoeBwdSm90Ops : MoeLocalOps {
+struct MoeBwdSm90Ops : MoeSm90LocalOps<kPeers> {
   static_assert(sizeof(sm90::SharedStorage<Dg>) == sizeof(sm90::SharedStorage<Wg>),
                 "the two layouts' engines share one CTA's shared memory");
   const MoeBwdSm90Params<Dg, Wg>& pp;
   char* smem;  // the kernel's dynamic shared memory (unaligned: shared_storage aligns it)
   MoePass* pass;
-
-  // The EP = 1 instantiation holds no peer code (MoeLocalOps, kPeers).
-  KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
-  KOSMOS_DEVICE void fold(int item, int first, int last) {
-    MoeLocalOps::fold<kPeers, kMoeFoldStagesSm90>(item, first, last);
-  }
-  KOSMOS_DEVICE void push_unit(const MoeUnit& c) {
-    if constexpr (kPeers) MoeLocalOps::push_unit(c);
-    else trap();  // units go to peers only (moe_push_unit), and this kernel runs at EP = 1
-  }
 
   template <int kKind>
   KOSMOS_DEVICE void run_pass(MoeBwdBuilds<MoeCtl>& b, int most) {
@@ -82,8 +73,8 @@ struct MoeBwdSm90Ops : MoeLocalOps {
 
   // Up to `most` tiles of the backward's build queue (< 0: until it is empty), as passes.
   KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
-    MoeCtl one = ctl;
-    MoeBwdBuilds<MoeCtl> b{one, s(), L, pp.w};
+    MoeCtl one = this->ctl;
+    MoeBwdBuilds<MoeCtl> b{one, this->s(), L, pp.w};
     if (threadIdx.x == 0) pass->pending.gemm = 0, pass->ran = 0;
     __syncthreads();
     for (;;) {
@@ -100,7 +91,7 @@ struct MoeBwdSm90Ops : MoeLocalOps {
         default: run_pass<4>(b, most); break;
       }
       __syncthreads();  // the engine's threads return at different times
-      if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceBuild, kind);
+      if (threadIdx.x == 0) span.close(this->p().trace, this->ctl.cta, kTraceBuild, kind);
     }
   }
 };
@@ -118,7 +109,7 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
   auto& s = sm90::shared_storage<Dg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x, "moe_backward"};
   // The front's scratch is the engines' A ring: no engine runs during the front.
-  MoeBwdSm90Ops<Dg, Wg, kPeers> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, smem_raw, &pass};
+  MoeBwdSm90Ops<Dg, Wg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}}, p, smem_raw, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 

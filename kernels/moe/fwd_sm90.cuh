@@ -18,6 +18,7 @@
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
 #include "moe/fwd_ops.cuh"
+#include "moe/sm90_ops.cuh"
 #include "moe/swiglu_sm90.cuh"
 
 namespace kosmos::moe {
@@ -95,20 +96,10 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
 };
 
 template <class Cfg, bool kPeers>
-struct MoeSm90Ops : MoeLocalOps {
+struct MoeSm90Ops : MoeSm90LocalOps<kPeers> {
   const MoeFwdSm90Params<Cfg>& pp;
   sm90::SharedStorage<Cfg>& sm;
   MoePass* pass;
-
-  // The EP = 1 instantiation holds no peer code (MoeLocalOps, kPeers).
-  KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
-  KOSMOS_DEVICE void fold(int item, int first, int last) {
-    MoeLocalOps::fold<kPeers, kMoeFoldStagesSm90>(item, first, last);
-  }
-  KOSMOS_DEVICE void push_unit(const MoeUnit& c) {
-    if constexpr (kPeers) MoeLocalOps::push_unit(c);
-    else trap();  // units go to peers only (moe_push_unit), and this kernel runs at EP = 1
-  }
 
   template <int kGemm>
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
@@ -124,8 +115,8 @@ struct MoeSm90Ops : MoeLocalOps {
 
   // Up to `most` tiles of the build queue (< 0: until it is empty), as passes.
   KOSMOS_DEVICE int build(const MoeLayout& L, int most) {
-    MoeCtl one = ctl;
-    MoeBuilds<MoeCtl> b{one, s(), L};
+    MoeCtl one = this->ctl;
+    MoeBuilds<MoeCtl> b{one, this->s(), L};
     if (threadIdx.x == 0) pass->pending.gemm = 0, pass->ran = 0;
     __syncthreads();
     for (;;) {
@@ -137,7 +128,7 @@ struct MoeSm90Ops : MoeLocalOps {
       const TraceSpan span;
       if (gemm == 1) run_pass<1>(b, most); else run_pass<2>(b, most);
       __syncthreads();  // the engine's threads return at different times
-      if (threadIdx.x == 0) span.close(p().trace, ctl.cta, kTraceBuild, gemm);
+      if (threadIdx.x == 0) span.close(this->p().trace, this->ctl.cta, kTraceBuild, gemm);
     }
   }
 };
@@ -154,7 +145,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
   // The front's scratch is the engine's A ring: no engine runs during the front.
-  MoeSm90Ops<Cfg, kPeers> ops{{ctl, &bc, reinterpret_cast<int*>(s.a)}, p, s, &pass};
+  MoeSm90Ops<Cfg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 
