@@ -30,7 +30,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TUS = ["ag_tn_sm90", "tn_rs_sm90", "bulk_ag_nn_sm90", "bulk_rs_nt_sm90",
-       "matmul_sm90_tn", "matmul_sm90_nn", "matmul_sm90_nt"]
+       "matmul_sm90_tn", "matmul_sm90_nn", "matmul_sm90_nt", "moe_fwd_sm90", "moe_bwd_sm90"]
 
 
 def text_sections(path: str) -> dict[str, bytes]:
