@@ -6,7 +6,8 @@
 #      tests/gpu/test_moe_fused.py; TESTS=none skips them), then
 #   3. benchmarks/moe.py $BENCH_ARGS (BENCH=0 skips it), then
 #   4. with TIMELINE=PRESET[,PRESET...], a KOSMOS_TRACE rebuild and one traced forward of
-#      each (benchmarks/moe.py --timeline: PNG, JSON and each phase's span).
+#      each (benchmarks/moe.py --timeline: PNG, JSON and each phase's span);
+#      TIMELINE_ARGS=--timeline-step traces a training step (both launches) instead.
 # ENGINE=0 skips step 1; TEST_RESERVE_S (default 60) is what the tests leave for the rest.
 # CLOCKS=1 samples the GPU's SM clock, power and temperature every 200 ms during step 3
 # (nvidia-smi, read only) into $OUT/clocks.csv: whether the arms run at the same clocks.
@@ -51,7 +52,8 @@ fi
 if [ -n "${TIMELINE:-}" ] && [ "$(left)" -gt 120 ]; then
   OUT=/tmp/moe_build TRACE=1 TESTS=none bash scripts/gpu_test.sh || exit 1
   for preset in ${TIMELINE//,/ }; do
-    timeout $(( $(left) - 10 )) $PY benchmarks/moe.py --timeline "$preset" --routing balanced >> "$OUT/timeline.log" 2>&1
+    timeout $(( $(left) - 10 )) $PY benchmarks/moe.py --timeline "$preset" --routing balanced ${TIMELINE_ARGS:-} \
+      >> "$OUT/timeline.log" 2>&1
     echo "timeline $preset rc=$? at ${SECONDS}s"
   done
   grep -v "^WARNING" "$OUT/timeline.log" | tail -30
