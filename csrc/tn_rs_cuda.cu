@@ -51,9 +51,10 @@ std::vector<std::pair<std::string, long long>> tn_rs_engine_runs() { return engi
 // with one-row bands the ~132 tiles in flight span 132 / NT tile rows, so at
 // NT = 64 (N = 16384) every second tile row streams all of W from DRAM again
 // (~28 GB for 405B-Down-MBS4, where fused ran 1.68x our GEMM alone); 8-row bands
-// built column by column keep ~8 rows x 16 columns in flight. Not yet measured,
-// hence not the default (kosmos_jax/config.py rs_band_rows). Reduce items are
-// single tiles (reducers balance at tile grain).
+// built column by column keep ~8 rows x 16 columns in flight. They start the
+// reduction later, so the ops layer asks for them only where W outgrows L2
+// (kosmos_jax/kernel_config.py rs_band_rows, measured on 2xH200). Reduce items
+// are single tiles (reducers balance at tile grain).
 static RsShape rs_shape(int tp, int rank, int64_t rows, int64_t N, int tile_n, int band_rows) {
   const int T = (int)((rows + kTileRows - 1) / kTileRows);
   const int NT = (int)((N + tile_n - 1) / tile_n);
