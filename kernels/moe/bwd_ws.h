@@ -23,22 +23,16 @@
 
 namespace kosmos::moe {
 
-struct MoeBwdWs {
-  size_t ctrl, rb, hist, order, arena, dh1, total;  // byte offsets, and the whole
-  size_t zeroed;                                   // bytes from 0 the launcher clears
+struct MoeBwdWs : MoeWsHead {
+  size_t dh1, total;  // byte offsets, and the whole
+  size_t zeroed;      // bytes from 0 the launcher clears
 };
 
 KOSMOS_HD inline MoeBwdWs moe_bwd_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared) {
-  const int E = ep * e_local;
   const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), S = (size_t)moe_shared_rows(t, shared);
-  const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
   MoeBwdWs w{};
-  w.ctrl = 0;
-  w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
-  w.hist = w.rb + moe_ws_align((R + S) / kMoeTileRows * 32);
-  w.order = w.hist + moe_ws_align(nb * E * 4);
-  w.arena = w.order + moe_ws_align(R * 4);
-  w.dh1 = w.arena + (ep == 1 ? moe_ws_align(R * H * 2) : 0);
+  static_cast<MoeWsHead&>(w) = moe_ws_head(t, k, ep, e_local, H, shared);
+  w.dh1 = w.end;
   w.total = w.dh1 + moe_ws_align((R + S) * 2 * I * 2);
   w.zeroed = w.hist;
   return w;

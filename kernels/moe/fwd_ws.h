@@ -53,23 +53,38 @@ KOSMOS_HD inline int moe_shared_rows(int t, bool shared) {
   return shared ? (t + kMoeTileRows - 1) / kMoeTileRows * kMoeTileRows : 0;
 }
 
-struct MoeWs {
-  size_t ctrl, rb, hist, order, arena, act, h1, total;  // byte offsets, and the whole
-  size_t zeroed;                                    // bytes from 0 the launcher clears
+// The sections both directions' workspaces begin with (ctrl to arena, the same
+// sizes: the backward's front replans the forward's routing into the same rows);
+// `end` is where the direction's own sections start.
+struct MoeWsHead {
+  size_t ctrl, rb, hist, order, arena, end;  // byte offsets
 };
 
-KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared,
-                                     bool keep_preacts = true) {
+KOSMOS_HD inline MoeWsHead moe_ws_head(int t, int k, int ep, int e_local, int H, bool shared) {
   const int E = ep * e_local;
   const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), S = (size_t)moe_shared_rows(t, shared);
   const size_t nb = (size_t)(t + kMoeBlockTokens - 1) / kMoeBlockTokens;
-  MoeWs w{};
+  MoeWsHead w{};
   w.ctrl = 0;
   w.rb = w.ctrl + moe_ws_align(kMoeCtrlBytes);
   w.hist = w.rb + moe_ws_align((R + S) / kMoeTileRows * 32);
   w.order = w.hist + moe_ws_align(nb * E * 4);
   w.arena = w.order + moe_ws_align(R * 4);
-  w.act = w.arena + (ep == 1 ? moe_ws_align(R * H * 2) : 0);
+  w.end = w.arena + (ep == 1 ? moe_ws_align(R * H * 2) : 0);
+  return w;
+}
+
+struct MoeWs : MoeWsHead {
+  size_t act, h1, total;  // byte offsets, and the whole
+  size_t zeroed;          // bytes from 0 the launcher clears
+};
+
+KOSMOS_HD inline MoeWs moe_ws_layout(int t, int k, int ep, int e_local, int H, int I, bool shared,
+                                     bool keep_preacts = true) {
+  const size_t R = (size_t)moe_rank_rows(t, k, ep, e_local), S = (size_t)moe_shared_rows(t, shared);
+  MoeWs w{};
+  static_cast<MoeWsHead&>(w) = moe_ws_head(t, k, ep, e_local, H, shared);
+  w.act = w.end;
   w.h1 = w.act + moe_ws_align((R + S) * I * 2);
   w.total = w.h1 + (keep_preacts ? moe_ws_align(R * 2 * I * 2) : 0);
   w.zeroed = w.hist;
