@@ -1,7 +1,7 @@
 // The points where a fused kernel plugs into a tile engine. Both engines
 // (gemm/portable/tile_engine.cuh, gemm/sm90/tile_engine.cuh) have
 // run(problem, smem, sched, hooks): every thread of the CTA calls it; one
-// claiming thread (portable: thread 0; Hopper: the producer thread) calls
+// claiming thread (portable: thread 0; Hopper: the claimer thread) calls
 // sched.next(t) for each tile until it returns false, and both engines call
 // the hooks below at the same moments with the same meaning. So a fused op
 // has one schedule, one CTA life and one hooks design for both engines; its
@@ -15,10 +15,15 @@
 //
 //  before_tile(t)      the claiming thread, before the first load of tile t
 //                      (portable: a CTA barrier then orders every thread's
-//                      loads after it). Fused kernels wait here for the rows
-//                      of A (or B) that the tile reads (acquire), e.g. AG
-//                      chunks delivered by movers.
-//  before_k(t, k0)     the same thread, before loading k-block [k0, k0 + BK).
+//                      loads after it; Hopper: the claim's post in the
+//                      mailbox, then the loading thread's proxy fence). Fused
+//                      kernels wait here for the rows of A (or B) that the
+//                      tile reads (acquire), e.g. AG chunks delivered by
+//                      movers. Hopper: up to two claims ahead of the tile the
+//                      consumers compute, so it must not wait on this CTA's
+//                      earlier tiles of the same engine run.
+//  before_k(t, k0)     the loading thread (portable: thread 0), before loading
+//                      k-block [k0, k0 + BK).
 //                      For producers whose contraction rows arrive in pieces
 //                      (wgrad over gathered tokens).
 //  tile_done(t)        one thread, after every thread has stored tile t and
@@ -54,20 +59,20 @@
 //                      reads its own shard straight from x this way (Hopper:
 //                      under push and for ag_nn), and the portable builders
 //                      every shard's rows and GEMM+RS's chunks.
-//  b_source(t)         (Hopper engine, when kBSource) the producer thread,
+//  b_source(t)         (Hopper engine, when kBSource) the loading thread,
 //                      before tile t's loads: another B for tile t (a TMA
 //                      descriptor in parameter space, the Problem's N and K),
 //                      or nullptr for the Problem's B. The MoE forward's shared
 //                      expert tiles read its own down weights this way. The
 //                      portable engine's tiles name their B per call instead.
-//  b_kblock0(t)        (Hopper engine, when kGroupedB) the producer thread,
+//  b_kblock0(t)        (Hopper engine, when kGroupedB) the loading thread,
 //                      before tile t's loads: the k-block of B where tile t's
 //                      contraction starts. B then holds several [K, ...]
 //                      operands stacked along k (a grouped GEMM's experts,
 //                      x @ W[e]: [E * K, N]), its TMA descriptor spans them all, and tile
 //                      t reads k-blocks [b_kblock0, + K / kBK) of it. The
 //                      portable engine refuses it at compile time.
-//  b_row0(t)           (Hopper engine, when kRowsB) the producer thread, before
+//  b_row0(t)           (Hopper engine, when kRowsB) the loading thread, before
 //                      tile t's loads: the row of B (engine n) where tile t's
 //                      operand starts. B then holds several [N, K] operands
 //                      stacked along n (a grouped dgrad's experts, dY @ W[e]^T
@@ -76,7 +81,7 @@
 //                      past N (the next one's) reach only columns past N,
 //                      which no store keeps.
 //  k_range(t, &a_kb0, &b_kb0, &kblocks)  (Hopper engine, when kKRange) the
-//                      producer thread and every consumer thread (so a pure
+//                      loading thread and every consumer thread (so a pure
 //                      function of t), before tile t: tile t contracts kblocks
 //                      k-blocks, A's from a_kb0 and B's from b_kb0 (after
 //                      b_kblock0's offset); kblocks may be 0 (the tile is
@@ -93,7 +98,7 @@
 //                      tile t come as two halves from two row blocks of B,
 //                      half-blocks lo and hi (in units of kBN / 2 rows) into the
 //                      tile's rows [0, kBN / 2) and [kBN / 2, kBN). Hopper: the
-//                      producer thread, read through the returned descriptor
+//                      loading thread, read through the returned descriptor
 //                      (sm90::Params<Cfg>::TmaBHalf, a half-height box over B,
 //                      in parameter space); with kGroupedB, from b_kblock0 on.
 //                      Portable: every thread (a pure function of t), the

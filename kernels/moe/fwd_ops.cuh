@@ -106,6 +106,10 @@ struct MoeLocalOps {
   KOSMOS_DEVICE bool test(MoeFlag f, int i) { return bcast(threadIdx.x == 0 ? ctl.test(f, i) : 0) != 0; }
   KOSMOS_DEVICE const int* ends() { return p().hist; }
   KOSMOS_DEVICE const MoeLayout& layout() { return p().ctrl->layout; }
+  // The layout for the rest of the CTA's life, once the front has waited for
+  // it (CTA-wide): layout() itself here; the Hopper ops' copy in shared memory
+  // (moe/sm90_ops.cuh).
+  KOSMOS_DEVICE const MoeLayout& local_layout() { return layout(); }
   // Control block of rank d: ours, or a peer's (EP > 1).
   KOSMOS_DEVICE MoeCtrl* ctrl_at(int d) { return d == s().rank ? p().ctrl : p().peer_ctrl[d]; }
   // CTA 0 first: once the last TP+SP writer of our heap's data region has lost

@@ -97,7 +97,8 @@ KOSMOS_HD inline MoeStep moe_two_way_step(bool unit_ready, bool tiles_left) {
 // home, i) (flag i at rank home = epoch); wait(flag, i) (bounded) and test(flag,
 // i) on our own flags; wait_each(flag, n, pred): wait(flag, i) for every i < n
 // with pred(i), in any order (a CTA polls them in parallel); ends() (plan ends
-// [nb][E], after kPlanned); layout(); and the work: route, scan, send_counts,
+// [nb][E], after kPlanned); layout() and local_layout() (after kLaidOut: the
+// copy the CTA reads for the rest of its life); and the work: route, scan, send_counts,
 // scatter, build_layout, push_part, build(L, most) (the GEMM tiles, MoeBuilds
 // below), push_unit, fold(item, first, last) (fold item `item`: tokens
 // [first, last)), finish.
@@ -321,7 +322,7 @@ template <class Ops>
 KOSMOS_MOE_INLINE void moe_fwd_cta(Ops& ops, const MoeFwdShape& s, int cta, int grid, int movers, bool switching = true) {
   if (cta == 0) ops.announce_ready();
   moe_front(ops, s);
-  const MoeLayout& L = ops.layout();
+  const MoeLayout& L = ops.local_layout();
   const bool mover = moe_initial_role(cta, grid, movers) == Role::kMover;
   if (mover) moe_dispatch(ops, s);
   moe_build_phase(ops, s, L, mover, switching);

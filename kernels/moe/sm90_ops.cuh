@@ -10,6 +10,20 @@ namespace kosmos::moe {
 // code (MoeLocalOps, kPeers).
 template <bool kPeers>
 struct MoeSm90LocalOps : MoeLocalOps {
+  MoeLayout* lcopy;  // static shared memory of the kernel
+
+  // The layout in shared memory: the tile engine's claimer finds each tile's
+  // expert by a binary search over L.rb, and the loading thread again (its B's
+  // first k-block); over global memory that is ~8 dependent round trips to L2
+  // a search, as every flag's acquire drops the SM's L1 (CCTL.IVALL, sm_90a
+  // SASS), on the path between one tile's loads and the next one's.
+  KOSMOS_DEVICE const MoeLayout& local_layout() {
+    const int* from = reinterpret_cast<const int*>(&layout());
+    int* to = reinterpret_cast<int*>(lcopy);
+    for (int i = threadIdx.x; i < (int)(sizeof(MoeLayout) / sizeof(int)); i += blockDim.x) to[i] = from[i];
+    __syncthreads();
+    return *lcopy;
+  }
   KOSMOS_DEVICE void build_layout() { MoeLocalOps::build_layout<kPeers>(); }
   KOSMOS_DEVICE void fold(int item, int first, int last) {
     MoeLocalOps::fold<kPeers, kMoeFoldStagesSm90>(item, first, last);

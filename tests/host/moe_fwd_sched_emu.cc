@@ -264,6 +264,7 @@ struct HostOps {
 
   Rank& me() { return *ranks[rank]; }
   const MoeLayout& layout() { return *me().layout; }
+  const MoeLayout& local_layout() { return layout(); }
   const int* ends() { return me().hist.data(); }
   Arena& arena() { return me().arena[layout().dropless]; }
   void jitter() {

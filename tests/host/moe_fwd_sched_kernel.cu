@@ -74,6 +74,7 @@ struct CheckOps {
   }
   KOSMOS_DEVICE const int* ends() { return me().hist; }
   KOSMOS_DEVICE const MoeLayout& layout() { return *me().layout; }
+  KOSMOS_DEVICE const MoeLayout& local_layout() { return layout(); }
   KOSMOS_DEVICE int mode() { return me().layout->dropless; }
   KOSMOS_DEVICE void announce_ready() {
     for (int r = 0; r < p.s.ep; ++r) release(MoeFlag::kReady, r, p.s.rank);

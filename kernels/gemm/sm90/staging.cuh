@@ -4,7 +4,7 @@
 // moment of a tile's life:
 //
 //  init(s)                         thread 0, among the engine's barrier inits
-//  after_loads(p, s, t, h)         the producer thread, once tile t's loads are
+//  after_loads(p, s, t, h)         the loading thread, once tile t's loads are
 //                                  issued (it must not wait on the consumers:
 //                                  the next tile's loads queue behind it)
 //  in_mainloop(p, s, t, h, ctid)   consumers, before tile t's mainloop: a

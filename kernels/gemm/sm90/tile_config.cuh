@@ -190,14 +190,14 @@ struct SharedStorage {
   uint64_t c_free;         // c no longer read by the previous tile's stores (the fold's staging, tp/rs_fold_sm90.cuh)
   uint64_t c_ready;        // the producer's offer for this tile done (and its term landed in c)
   int c_loaded;            // the offer: whether the term was loaded into c
-  uint32_t c_offers;       // offers so far (producer thread only)
+  uint32_t c_offers;       // offers so far (loading thread only)
 
   CUTE_DEVICE bf16* sa() { return reinterpret_cast<bf16*>(a); }
   CUTE_DEVICE bf16* sb() { return reinterpret_cast<bf16*>(b); }
   static constexpr size_t kLaunchBytes = sizeof(SharedStorage) + 1024;  // + base alignment slack
 };
 
-// The producer thread, for the split-B hook (gemm/tile_hooks.h b_halves):
+// The loading thread, for the split-B hook (gemm/tile_hooks.h b_halves):
 // k-block kb of B's half-blocks lo and hi (kBN / 2 rows each, B seen as p's
 // (N, K) through `tma`, a Params::TmaBHalf) into rows [0, kBN / 2) and
 // [kBN / 2, kBN) of B stage `slot`, both completing on its full barrier: the

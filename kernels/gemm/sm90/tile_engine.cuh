@@ -1,15 +1,22 @@
-// Hopper tile engine: the schedule. One CTA = one producer warp group (a
-// single thread issues TMA) + two consumer warp groups (WGMMA), joined by a
-// ring of shared-memory stages guarded by mbarriers.
+// Hopper tile engine: the schedule. One CTA = one producer warp group + two
+// consumer warp groups (WGMMA), joined by a ring of shared-memory stages
+// guarded by mbarriers. In the producer warp group one thread claims tiles,
+// one issues their TMA loads and, for hooks that publish tiles, one publishes.
 //
 // Interface for persistent kernels: every thread of the CTA calls
-// run(params, smem, scheduler, hooks). The producer thread claims tiles from
-// the scheduler and broadcasts each claim through a 2-slot shared-memory
-// mailbox; consumers compute "output tile (m, n) of this problem" for every
-// claim they receive. The producer runs ahead into the next tile while the
-// consumers finish and store the current one, and with the staged epilogue the
-// stored tile's copies run under the next tile's mainloop. Hooks:
-// gemm/tile_hooks.h; how a tile enters the staged buffer: Staging
+// run(params, smem, scheduler, hooks). The claimer thread takes tiles from the
+// scheduler, waits for each one's inputs (the hooks' before_tile) and posts it
+// in a 2-slot shared-memory mailbox; the loading thread and the consumers read
+// every claim, the one to stream the tile's k-blocks into the ring, the others
+// to compute "output tile (m, n) of this problem". A claim and its waits are
+// round trips to L2 (the queue's atomic, the binary search of a grouped
+// GEMM's layout, a flag's acquire, which also drops the SM's L1): made by the
+// loading thread they sat between one tile's last load and the next one's
+// first, hidden only by the ring's stages (~1.7 us of 128x256 k-blocks); the
+// claimer makes them a tile ahead. The loading thread runs ahead into the next
+// tile while the consumers finish and store the current one, and with the
+// staged epilogue the stored tile's copies run under the next tile's mainloop.
+// Hooks: gemm/tile_hooks.h; how a tile enters the staged buffer: Staging
 // (gemm/sm90/staging.cuh; PlainStaging unless an op brings its own).
 //
 // This file: the roles and their hand-offs (claims, register shares); one
@@ -37,6 +44,8 @@ struct TileEngine {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
   static constexpr int kEvenRegs = 65536 / Cfg::kThreads / 8 * 8;  // 168 for 384 threads
+  // Producer warp group: warp 0 loads, warp 1 publishes (Pub::kThread), warp 2 claims.
+  static constexpr int kClaimerThread = 64;
 
   // One thread: barrier counts, then make them visible to TMA and all threads.
   static CUTE_DEVICE void init(const P& p, S& s) {
@@ -47,7 +56,7 @@ struct TileEngine {
       }
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
-        mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps);
+        mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps + 1);  // and the loading thread
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
@@ -60,25 +69,38 @@ struct TileEngine {
     __syncthreads();
   }
 
-  // Producer thread: claim, broadcast, load; a final invalid claim ends the CTA.
-  // The claim of the following tile is made before this tile's loads stream, so
-  // a dynamic queue's atomic round trip overlaps the ring instead of stalling
-  // it (a static schedule answers at once either way).
+  // Claimer thread: claim, wait for the tile's inputs, post; a final invalid
+  // claim ends the CTA. It runs up to two claims ahead of the consumers (the
+  // mailbox's slots), so its round trips overlap the ring.
   template <class Sched>
-  static CUTE_DEVICE void produce_all(const P& p, S& s, Sched& sched, Hooks& h) {
-    Ring stages, mailbox;
-    Stage stage;
-    gemm::TileCoord next{0, 0};
-    bool next_ok = sched.next(next);
+  static CUTE_DEVICE void claim_all(S& s, Sched& sched, Hooks& h) {
+    Ring mailbox;
     for (;;) {
-      const gemm::TileCoord t = next;
-      const bool ok = next_ok;
+      gemm::TileCoord t{0, 0};
+      const bool ok = sched.next(t);
+      if (ok) h.before_tile(t);
       mbar_wait(&s.claim_empty[mailbox.slot], mailbox.phase ^ 1, "claim slot empty");
       s.claim[mailbox.slot] = t;
       s.claim_valid[mailbox.slot] = ok;
-      mbar_arrive(&s.claim_full[mailbox.slot]);  // release: the slot's stores travel with it
+      mbar_arrive(&s.claim_full[mailbox.slot]);  // release: the slot's stores, and what before_tile acquired
       if (!ok) return;
-      next_ok = sched.next(next);
+      mailbox.advance(2);
+    }
+  }
+
+  // Loading thread: every posted tile's loads. The claimer acquired the tile's
+  // inputs and released them to this thread through the mailbox (CTA scope);
+  // this thread's proxy fence then carries them to its TMA reads (async proxy).
+  static CUTE_DEVICE void load_all(const P& p, S& s, Hooks& h) {
+    Ring stages, mailbox;
+    Stage stage;
+    for (;;) {
+      mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full");
+      const gemm::TileCoord t = s.claim[mailbox.slot];
+      const bool ok = s.claim_valid[mailbox.slot] != 0;
+      mbar_arrive(&s.claim_empty[mailbox.slot]);
+      if (!ok) return;
+      gemm::async_proxy_fence();
       Loads::produce_tile(p, s, stages, t, h);
       stage.after_loads(p, s, t, h);
       mailbox.advance(2);
@@ -130,7 +152,8 @@ struct TileEngine {
     init(p, s);
     if (threadIdx.x < 128) {
       regs_dealloc<kProducerRegs>();
-      if (threadIdx.x == 0) produce_all(p, s, sched, h);
+      if (threadIdx.x == 0) load_all(p, s, h);
+      if (threadIdx.x == kClaimerThread) claim_all(s, sched, h);
       if constexpr (Hooks::kTileDone) {
         if (threadIdx.x == Pub::kThread) Pub::publish_all(s, h);
       }

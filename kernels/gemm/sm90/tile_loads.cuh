@@ -1,4 +1,4 @@
-// Hopper tile engine (gemm/sm90/tile_engine.cuh): the producer thread's loads
+// Hopper tile engine (gemm/sm90/tile_engine.cuh): the loading thread's loads
 // of one tile, k-block by k-block, into the ring of shared-memory stages; TMA
 // for A and B, completing on each stage's full barrier (expect_tx of the
 // stage's bytes). Hooks (gemm/tile_hooks.h) may redirect the sources.
@@ -68,7 +68,6 @@ struct TileLoads {
     // (TMA, k-block) sources and (TMA, stage) destinations.
     auto [tAg, tAs] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
     auto [tBg, tBs] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
-    h.before_tile(t);
     int a_k0 = 0, b_k0 = 0;
     const int kblocks = k_blocks(p, t, h, &a_k0, &b_k0);
     b_k0 += b_kb0;
