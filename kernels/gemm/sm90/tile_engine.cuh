@@ -13,7 +13,8 @@
 // GEMM's layout, a flag's acquire, which also drops the SM's L1): made by the
 // loading thread they sat between one tile's last load and the next one's
 // first, hidden only by the ring's stages (~1.7 us of 128x256 k-blocks); the
-// claimer makes them a tile ahead. The loading thread runs ahead into the next
+// claimer makes them a tile ahead (the MoE backward 0.90-0.94x main's time,
+// 1xH200, 2026-12-05). The loading thread runs ahead into the next
 // tile while the consumers finish and store the current one, and with the
 // staged epilogue the stored tile's copies run under the next tile's mainloop.
 // Hooks: gemm/tile_hooks.h; how a tile enters the staged buffer: Staging
@@ -69,17 +70,20 @@ struct TileEngine {
     __syncthreads();
   }
 
-  // Claimer thread: claim, wait for the tile's inputs, post; a final invalid
-  // claim ends the CTA. It runs up to two claims ahead of the consumers (the
-  // mailbox's slots), so its round trips overlap the ring.
+  // Claimer thread: a free mailbox slot, then claim, wait for the tile's
+  // inputs, post; a final invalid claim ends the CTA. A slot frees when the
+  // consumers start a tile, so the claim for the tile after the one being
+  // loaded has a whole tile's time to land. Claiming before a slot is free
+  // held tiles longer than that buys: Qwen3-30B-A3B's forward took 1.056x
+  // main's time so, 0.98x this way (1xH200, 2026-12-05, benchmarks/RESULTS.md).
   template <class Sched>
   static CUTE_DEVICE void claim_all(S& s, Sched& sched, Hooks& h) {
     Ring mailbox;
     for (;;) {
+      mbar_wait(&s.claim_empty[mailbox.slot], mailbox.phase ^ 1, "claim slot empty");
       gemm::TileCoord t{0, 0};
       const bool ok = sched.next(t);
       if (ok) h.before_tile(t);
-      mbar_wait(&s.claim_empty[mailbox.slot], mailbox.phase ^ 1, "claim slot empty");
       s.claim[mailbox.slot] = t;
       s.claim_valid[mailbox.slot] = ok;
       mbar_arrive(&s.claim_full[mailbox.slot]);  // release: the slot's stores, and what before_tile acquired
