@@ -69,13 +69,13 @@ struct MoeTile {
   int n;       // column block
 };
 // A Hopper build's passes (one engine run per GEMM; static shared memory, the
-// producer thread's): the claimed tile the next pass starts with (gemm == 0:
+// claimer thread's): the claimed tile the next pass starts with (gemm == 0:
 // none), and the tiles run so far (moe/fwd_sm90.cuh, moe/bwd_sm90.cuh).
 struct MoePass {
   MoeTile pending;
   int ran;
 };
-// The engine's scheduler for one pass of tiles of kind `kind` (producer thread
+// The engine's scheduler for one pass of tiles of kind `kind` (claimer thread
 // only) over a build queue `Builds` (MoeBuilds, MoeBwdBuilds), whose
 // coord(t, &m, &n) names a tile's row and column in its GEMM; a claim of
 // another kind ends the pass and opens the next one with it.

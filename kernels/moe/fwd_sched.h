@@ -150,7 +150,7 @@ KOSMOS_MOE_INLINE void moe_dispatch(Ops& ops, const MoeFwdShape& s) {
 
 // The build queue as a tile source that a tile engine drives: next() claims,
 // start(t) waits for the rows tile t reads, done(t) completes it. The Hopper
-// engine pipelines the three (its producer thread claims ahead and waits, its
+// engine pipelines the three (its claimer thread claims ahead and waits, its
 // publisher thread completes a tile once its stores have landed), so `Ops` here
 // is the one-thread view of the control words; moe_build_serial runs them in
 // order over CTA-wide Ops, as the portable kernel (moe/fwd_portable.cuh), the

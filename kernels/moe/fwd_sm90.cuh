@@ -9,7 +9,7 @@
 // pre-activations (routed: h1, the shared expert's: hs) for the backward.
 //
 // One engine run serves one GEMM (its operands are TMA descriptors of the
-// run), so build() runs passes: the producer thread claims ahead, and a claim
+// run), so build() runs passes: the engine's claimer thread claims ahead, and a claim
 // of the other GEMM ends the pass and opens the next one with it. GEMM1 tiles
 // precede GEMM2 tiles in the queue, so a CTA makes at most one GEMM1 and one
 // GEMM2 pass per build (a two-way mover's build of one tile is one short pass).

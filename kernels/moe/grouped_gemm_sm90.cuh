@@ -31,7 +31,7 @@ namespace kosmos::moe {
 
 struct GroupedHooks {
   static constexpr bool kTileDone = false, kMapsRows = false, kGroupedB = true;
-  const int* tile_expert;  // [M / kBM], read once per tile by the producer thread
+  const int* tile_expert;  // [M / kBM], read once per tile by the loading thread
   int kblocks;             // K / kBK: one expert's k-blocks
   KOSMOS_DEVICE void before_tile(gemm::TileCoord) {}
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}

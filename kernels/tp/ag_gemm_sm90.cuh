@@ -1,7 +1,7 @@
 // Fused all-gather + GEMM with Hopper builders (sm_90a): the queues, flags,
 // movers and epochs of ag_gemm.cuh, with builders that are the TMA + WGMMA tile
 // engine (gemm/sm90/tile_engine.cuh). The CTA life is ag_cta (tp/ag_sched.h):
-// the engine's producer thread claims build items (AgSched) and waits for
+// the engine's claimer thread claims build items (AgSched) and waits for
 // their rows; builders never move and the launcher always starts at least one
 // mover when there are peers.
 //

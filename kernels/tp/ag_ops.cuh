@@ -188,7 +188,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::finish(int grid) {
 }
 
 // The build queue's claims in ag_build_item order, for the engine's one
-// claiming thread (portable: thread 0; Hopper: the producer thread). Engine
+// claiming thread (portable: thread 0; Hopper: the claimer thread). Engine
 // tile row m is shard src's tile row t at m = src * T + t.
 struct AgSched {
   AgCtrl* ctrl;

@@ -127,7 +127,7 @@ KOSMOS_HD void bulk_rs_comm(Ops& ops, const BulkRsShape& s, bool announce) {
 // One CTA's life. `Ops` supplies CTA-uniform primitives: claims broadcast to
 // every thread, waits by one thread then a barrier, the copies, the sums and
 // build_all (claim GEMM tiles until the queue is empty: the portable engine's
-// thread 0 or the Hopper engine's producer thread claims; no CTA-wide work runs
+// thread 0 or the Hopper engine's claimer thread claims; no CTA-wide work runs
 // inside it, which is why movers and reducers are roles outside it). A mover
 // announces before its pushes, anyone else before its drain; nothing of the
 // CTA's state but its role lives across build_all (the Hopper producer runs it

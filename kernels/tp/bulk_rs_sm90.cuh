@@ -6,7 +6,7 @@
 // so the engine runs with hooks that wait for nothing (gemm::NoHooks) and
 // stores dw through its own TMA descriptor.
 //
-// Only the engine's producer thread claims tiles, so pushes and reductions,
+// Only the engine's claimer thread claims tiles, so pushes and reductions,
 // which are CTA-wide, run outside TileEngine::run (tp/bulk_rs_sched.h
 // bulk_rs_cta): a mover pushes before it enters the engine, and every CTA
 // drains pushes and reduces after it returns (the engine returns with every

@@ -1,6 +1,6 @@
 // Fused GEMM + reduce-scatter with Hopper builders (sm_90a): the queues, bands,
 // flags and epochs of gemm_rs.cuh, with builders that are the TMA + WGMMA tile
-// engine. The CTA life is rs_cta (tp/rs_sched.h): the engine's producer thread
+// engine. The CTA life is rs_cta (tp/rs_sched.h): the engine's claimer thread
 // claims GEMM tiles (RsSched, marking each step claimed), the epilogue stages
 // partial tiles, tile_done counts the band and publishes it; once the GEMM
 // queue is empty the CTA reduces (one way). Reducers never build.
@@ -52,7 +52,7 @@ struct RsSm90Shared {
 // so no local copy): per-rank arrays held here would live in local memory.
 // Tr is the transport (kosmos/pull.h, kosmos/push.h), the kernel's: the pull
 // kernel compiles no push code, which keeps the register budget of its
-// producer thread, 40. Tr::home names the rank whose staging holds a partial.
+// producer warp group, 40. Tr::home names the rank whose staging holds a partial.
 // Tr::kFold (PushFold, bf16 staging): own-chunk tiles are combined with the
 // peers' partials in the epilogue and go straight to Y.
 template <class Cfg, class StageT, class Tr>
@@ -69,7 +69,7 @@ struct RsSm90Hooks {
   uint64_t epoch, timeout_ns;
   RsShape s;
   int rows, tile_n, rank;
-  uint32_t ready_seen = 0;  // producer thread, push: peers whose ready[] it has seen this epoch
+  uint32_t ready_seen = 0;  // claimer thread (before_tile), push: peers whose ready[] it has seen this epoch
 
   KOSMOS_DEVICE RsCtrl* ctrl_at(int r) const {
     return r == rank ? ctrl : reinterpret_cast<RsCtrl*>(rs->heap[r] + rs->ctrl_off);

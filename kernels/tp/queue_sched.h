@@ -1,6 +1,6 @@
 // A control block's build queue as a tile scheduler (sched.next(t),
 // gemm/tile_hooks.h) for a hook-free engine run: the claiming thread
-// (portable: thread 0; Hopper: the producer thread) takes the next index j of
+// (portable: thread 0; Hopper: the claimer thread) takes the next index j of
 // ctrl->build_next (kosmos/queue.h; left zero by the launch's last CTA) and
 // builds tile order.at(j), until j reaches order.count(). It is
 // gemm::StaticScheduler's claiming twin, over the same Order interface as

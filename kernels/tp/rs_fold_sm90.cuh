@@ -48,7 +48,7 @@ struct FoldStaging {
     return p.K > 0 && h.combines(t) && h.combine_terms(t) == 2;  // K > 0: the consumers' mainloop frees s.c
   }
 
-  // The producer thread, after tile t's loads: the offer.
+  // The loading thread, after tile t's loads: the offer.
   CUTE_DEVICE void after_loads(const P& p, S& s, gemm::TileCoord t, Hooks& h) {
     if (!prefetches(p, h, t)) return;
     const uint32_t n = s.c_offers;

@@ -167,7 +167,7 @@ KOSMOS_DEVICE void RsDeviceOps<T, Tr, Shared>::finish(int grid) {
 }
 
 // GEMM tile claims in rs_build_item order, for the engine's one claiming thread
-// (portable: thread 0; Hopper: the producer thread); within a band column by
+// (portable: thread 0; Hopper: the claimer thread); within a band column by
 // column (rs_band_tile_colmajor), which matters once bands are several rows
 // tall (RsConfig.band_rows, csrc/tn_rs_cuda.cu rs_shape). Engine tile row m is
 // chunk c's tile row tr at m = c * T + tr. Tr: the transport, rs_cta's.
