@@ -113,8 +113,11 @@
 //
 // The Hopper engine loads with TMA (the async proxy). Data another CTA or GPU
 // wrote with ordinary stores is visible to TMA only after the acquiring thread
-// also runs fence.proxy.async (DeepEP issue 621): a hook that acquires must
-// call async_proxy_fence() before it returns.
+// also runs fence.proxy.async (DeepEP issue 621). before_tile's acquires (on
+// the claimer) reach the loading thread through the claim's mailbox, and that
+// thread fences after taking each claim; a hook that acquires on the loading
+// thread itself (before_k, a staging's after_loads) must call
+// async_proxy_fence() before it returns.
 #pragma once
 #include <type_traits>
 

@@ -111,7 +111,6 @@ struct MoeBwdWgradHooks {
   }
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     b->start(MoeTile{kKind, -1, t.m / (rows() / Wg::kBM), 0});
-    gemm::async_proxy_fence();
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord) {}

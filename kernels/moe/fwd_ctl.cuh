@@ -191,7 +191,6 @@ struct MoeRowTileCtl {
   KOSMOS_DEVICE bool shared(gemm::TileCoord t) const { return moe_shared_rb(b->s, t.m); }
   KOSMOS_DEVICE void before_tile(gemm::TileCoord t) {
     b->start(MoeTile{kKind, t.m, expert(t), t.n});
-    gemm::async_proxy_fence();
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
   KOSMOS_DEVICE void tile_done(gemm::TileCoord t) { b->done(MoeTile{kKind, t.m, 0, t.n}); }
