@@ -130,7 +130,7 @@ KOSMOS_HD void bulk_rs_comm(Ops& ops, const BulkRsShape& s, bool announce) {
 // thread 0 or the Hopper engine's claimer thread claims; no CTA-wide work runs
 // inside it, which is why movers and reducers are roles outside it). A mover
 // announces before its pushes, anyone else before its drain; nothing of the
-// CTA's state but its role lives across build_all (the Hopper producer runs it
+// CTA's state but its role lives across build_all (the Hopper producer warp group runs it
 // on 40 registers).
 template <class Ops>
 KOSMOS_HD void bulk_rs_cta(Ops& ops, const BulkRsShape& s, int cta, int grid, int movers, bool switching = true) {

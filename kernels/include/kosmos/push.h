@@ -13,7 +13,7 @@
 // One NVLink crossing per row, paid by the producer, whose stores do not wait.
 // The announcement is this type's (announce_ready: AG's, GEMM+RS's and bulk
 // RS's), and so is a mover's CTA-wide wait for it (wait_ready: AG's and bulk
-// RS's movers; GEMM+RS's builders wait on their producer thread, in their
+// RS's movers; GEMM+RS's builders wait on their claimer thread, in their
 // hooks). PushFold: GEMM+RS's push whose owner sums its own chunk in its
 // builders' epilogues (tp/rs_sched.h, fold).
 #pragma once
