@@ -123,27 +123,51 @@ KOSMOS_HD inline int moe_tile_expert(const MoeFwdShape& s, const MoeLayout& L, i
 KOSMOS_HD inline gemm::TileCoord moe_seg_tile(const MoeFwdShape& s, int rows, int nt, int q) {
   return gemm::SwizzledOrder{rows, nt, s.band}.at(q);
 }
+// Whether the routed experts' weights stream from memory once per row block:
+// at most one row block an expert on average (Llama 4 Maverick: 64 rows an
+// expert at 8192 tokens, its 32 GB of weights read at ~3.4 TB/s), so that a
+// routed tile waits on memory while the shared expert's tiles, whose weights
+// every row block of its bands shares through L2, wait on the tensor cores.
+// Then each GEMM's shared tiles are spread among its routed ones, which keeps
+// both busy at once, and the routed tiles go row block by row block (a band
+// of one: no two row blocks share weights, and only one expert's rows need
+// L2 at a time beside the shared expert's band).
+KOSMOS_HD inline bool moe_mixes_shared(const MoeFwdShape& s, const MoeLayout& L) {
+  return s.shared_blocks > 0 && moe_row_blocks(s, L) <= s.e_local;
+}
+// Item q of a GEMM's segment of rr routed and sh shared row blocks, nt tiles
+// each, their tiles spread evenly: whether it is a shared one, and its index
+// among its kind. Of items [0, q), floor(q sh / (rr + sh)) are shared, formed
+// from q's quotient and remainder by rr + sh so that no product leaves 32 bits.
+KOSMOS_HD inline bool moe_mixed_item(int rr, int sh, int q, int* i) {
+  const int n = rr + sh, r = q % n;
+  const int before = q / n * sh + r * sh / n, upto = q / n * sh + (r + 1) * sh / n;
+  *i = upto > before ? before : q - before;
+  return upto > before;
+}
 // Build item j. GEMM1: the shared expert's row blocks first (its rows are x's,
 // ready at once: they fill the time the movers take to gather the routed
 // rows), then the routed ones, expert-major. GEMM2: routed, then shared (the
-// fold needs both, and every GEMM1 tile precedes every GEMM2 tile).
+// fold needs both, and every GEMM1 tile precedes every GEMM2 tile). Where the
+// routed weights stream (moe_mixes_shared), each GEMM's shared tiles spread
+// among its routed ones instead.
 KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
   const int rr = moe_row_blocks(s, L), sh = s.shared_blocks, n1 = moe_n_gemm1(s, L);
-  if (j < n1) {
-    if (j < sh * s.nt1) {
-      const gemm::TileCoord c = moe_seg_tile(s, sh, s.nt1, j);
-      return {1, s.shared_rb0 + c.m, s.e_local, c.n};
-    }
-    const gemm::TileCoord c = moe_seg_tile(s, rr, s.nt1, j - sh * s.nt1);
-    return {1, c.m, moe_expert_of(s, L, c.m), c.n};
+  const int gemm = j < n1 ? 1 : 2, nt = gemm == 1 ? s.nt1 : s.nt2, q = gemm == 1 ? j : j - n1;
+  bool shared;
+  int i;
+  if (moe_mixes_shared(s, L)) {
+    shared = moe_mixed_item(rr, sh, q, &i);
+  } else {
+    shared = gemm == 1 ? q < sh * nt : q >= rr * nt;  // GEMM1 shared first, GEMM2 last
+    i = gemm == 1 ? (shared ? q : q - sh * nt) : (shared ? q - rr * nt : q);
   }
-  const int q = j - n1;
-  if (q < rr * s.nt2) {
-    const gemm::TileCoord c = moe_seg_tile(s, rr, s.nt2, q);
-    return {2, c.m, moe_expert_of(s, L, c.m), c.n};
+  if (shared) {
+    const gemm::TileCoord c = moe_seg_tile(s, sh, nt, i);
+    return {gemm, s.shared_rb0 + c.m, s.e_local, c.n};
   }
-  const gemm::TileCoord c = moe_seg_tile(s, sh, s.nt2, q - rr * s.nt2);
-  return {2, s.shared_rb0 + c.m, s.e_local, c.n};
+  const gemm::TileCoord c = moe_mixes_shared(s, L) ? gemm::TileCoord{i / nt, i % nt} : moe_seg_tile(s, rr, nt, i);
+  return {gemm, c.m, moe_expert_of(s, L, c.m), c.n};
 }
 // Whether row block rb (of expert x) holds rows from source src.
 KOSMOS_HD inline bool moe_reads(const MoeFwdShape& s, const MoeLayout& L, int x, int rb, int src) {

@@ -33,7 +33,11 @@
 //           tile holds the gate and up columns of the same I columns), then GEMM2
 //           tiles (row block, column block of H); routed row blocks are
 //           expert-major. The shared expert, when there is one, is row blocks
-//           of its own: tokens in order, read straight from x (moe_build_item).
+//           of its own: tokens in order, read straight from x (moe_build_item),
+//           its GEMM1 tiles first; where every expert holds at most one row
+//           block, spread evenly among the routed tiles of each GEMM instead
+//           (moe_mixes_shared: routed tiles then wait on memory, shared ones on
+//           the tensor cores).
 //           A GEMM1 tile waits only on the sources whose rows its row block
 //           holds (a shared one on nothing); a GEMM2 tile on its row block's
 //           GEMM1 (all nt1 tiles).
