@@ -154,19 +154,23 @@ KOSMOS_HD inline bool moe_mixed_item(int rr, int sh, int q, int* i) {
 KOSMOS_HD inline MoeTile moe_build_item(const MoeFwdShape& s, const MoeLayout& L, int j) {
   const int rr = moe_row_blocks(s, L), sh = s.shared_blocks, n1 = moe_n_gemm1(s, L);
   const int gemm = j < n1 ? 1 : 2, nt = gemm == 1 ? s.nt1 : s.nt2, q = gemm == 1 ? j : j - n1;
+  const bool mixed = moe_mixes_shared(s, L);
   bool shared;
-  int i;
-  if (moe_mixes_shared(s, L)) {
+  int i;  // the item's index among its kind's (shared or routed) tiles
+  if (mixed) {
     shared = moe_mixed_item(rr, sh, q, &i);
-  } else {
-    shared = gemm == 1 ? q < sh * nt : q >= rr * nt;  // GEMM1 shared first, GEMM2 last
-    i = gemm == 1 ? (shared ? q : q - sh * nt) : (shared ? q - rr * nt : q);
+  } else if (gemm == 1) {  // the shared row blocks first
+    shared = q < sh * nt;
+    i = shared ? q : q - sh * nt;
+  } else {  // the shared row blocks last
+    shared = q >= rr * nt;
+    i = shared ? q - rr * nt : q;
   }
   if (shared) {
     const gemm::TileCoord c = moe_seg_tile(s, sh, nt, i);
     return {gemm, s.shared_rb0 + c.m, s.e_local, c.n};
   }
-  const gemm::TileCoord c = moe_mixes_shared(s, L) ? gemm::TileCoord{i / nt, i % nt} : moe_seg_tile(s, rr, nt, i);
+  const gemm::TileCoord c = mixed ? gemm::TileCoord{i / nt, i % nt} : moe_seg_tile(s, rr, nt, i);
   return {gemm, c.m, moe_expert_of(s, L, c.m), c.n};
 }
 // Whether row block rb (of expert x) holds rows from source src.
