@@ -22,7 +22,8 @@
 #              LAYOUTS=TN,NN,NT, TILE (KOSMOS_SM90_TILE for our arm, e.g. 128x192),
 #              NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN), TESTS=tests/gpu/test_matmul.py|none
 #   engine     SHAPES=quick|all|none, ALL_TILES=1 (every tile shape alone), BENCH_TIMEOUT=300,
-#              GROUPED=1 (also time the MoE expert GEMMs on the presets: the MoE floor),
+#              GROUPED=1 (also time the MoE expert GEMMs and weight gradients on the presets, both
+#              schedules: the MoE floors),
 #              CUTLASS_INCLUDE=DIR (default: the nvidia-cutlass package, or the wheel in .whl/),
 #              BUILD_DIR=build/gemm_standalone
 #   tp_sp      TESTS=... (default: loopback, the push tests, then the fused suites), SHAPES=all,
@@ -126,8 +127,8 @@ bench_engine() {
   t0=$(date +%s)
   rm -f "$build"/*.o
   # The bf16 Hopper configurations are the library's own translation units: it times what ops.matmul runs.
-  for f in $src/main $src/bench $src/portable $src/sm90_f32 $src/grouped csrc/matmul_sm90_tn csrc/matmul_sm90_nn \
-      csrc/matmul_sm90_nt; do
+  for f in $src/main $src/bench $src/portable $src/sm90_f32 $src/grouped $src/grouped_wgrad csrc/matmul_sm90_tn \
+      csrc/matmul_sm90_nn csrc/matmul_sm90_nt; do
     n=$(basename $f)
     nvcc $flags -c $f.cu -o "$build/$n.o" > "$logs/build_$n.log" 2>&1 & pids+=($!)
   done
@@ -140,8 +141,9 @@ bench_engine() {
   nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/env.log" 2>&1
   timeout 180 "$build/gemm_bench" check 2>&1 | tee "$OUT/check.log"
   local check_rc=${PIPESTATUS[0]}
-  # The MoE expert GEMMs on every preset's balanced rows: the MoE benchmark's floor.
-  [ "${GROUPED:-0}" = 1 ] && timeout 300 "$build/gemm_bench" bench-grouped 2>&1 | tee "$OUT/grouped.log"
+  # The MoE expert GEMMs on every preset's balanced rows (the MoE benchmark's floor) and the
+  # backward's weight gradients, each on the cooperative and the pingpong schedule.
+  [ "${GROUPED:-0}" = 1 ] && timeout $(( $(left) - 10 )) "$build/gemm_bench" bench-grouped 2>&1 | tee "$OUT/grouped.log"
   [ "$shapes" = none ] && exit $check_rc
   # Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.
   if [ "$shapes" = quick ]; then grep -E "MBS[12] " $src/paper_shapes.txt; else cat $src/paper_shapes.txt; fi > "$build/shapes.txt"
