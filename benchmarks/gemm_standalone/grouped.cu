@@ -258,8 +258,6 @@ int bench_grouped(cudaStream_t s) {
                             {"DeepSeek-V3", 256, 8, 7168, 2048, 2048}, {"Llama4-Scout", 16, 1, 5120, 8192, 8192},
                             {"Llama4-Maverick", 128, 1, 5120, 8192, 8192}};
   const int t = 8192;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   // One GEMM's median ms: a [M, K] @ b [E, K, N] with each expert's rows in `per` padded rows
   // (kSwiglu: GEMM1 with its SwiGLU, c = h [M, N / 2]; kPingpong: on the pingpong schedule).
   enum Kind { kPlain, kSwiglu, kPingpong };
@@ -283,15 +281,9 @@ int bench_grouped(cudaStream_t s) {
         CK(kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c, te, M, N, K, E, 0, s));
       }
     };
-    for (int i = 0; i < 3; ++i) call();
-    std::vector<float> ms(20);
-    for (float& m : ms) {
-      CK(cudaEventRecord(e0, s)); call(); CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&m, e0, e1));
-    }
-    std::sort(ms.begin(), ms.end());
+    const double ms = median_ms(s, call);
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(c)); CK(cudaFree(te));
-    return (double)ms[ms.size() / 2];
+    return ms;
   };
   // GEMM1+SwiGLU: the same GEMM1 with the SwiGLU fused (h [M, I] out instead of [M, 2I]);
   // the TFLOP/s columns count the plain GEMM1. pp: the same GEMM on the pingpong schedule,
@@ -311,7 +303,6 @@ int bench_grouped(cudaStream_t s) {
            (routed + shared) / (g1 + g2 + sh) * 1e-9);
     fflush(stdout);
   }
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   return 0;
 }
 

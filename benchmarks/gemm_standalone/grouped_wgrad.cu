@@ -122,8 +122,6 @@ int bench_grouped_wgrad(cudaStream_t s) {
   const Preset presets[] = {{"Qwen3-30B-A3B", 128, 8, 2048, 768}, {"Qwen3-235B-A22B", 128, 8, 4096, 1536},
                             {"DeepSeek-V3", 256, 8, 7168, 2048}, {"Llama4-Scout", 16, 1, 5120, 8192}};
   const int t = 8192;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   auto time_wgrad = [&](int E, int per, int P, int Q, bool pingpong) {
     const std::vector<int> rb = row_blocks(std::vector<int>(E, per));
     const int R = rb[E] * 128;
@@ -138,15 +136,9 @@ int bench_grouped_wgrad(cudaStream_t s) {
       if (pingpong) CK(kosmos::moe::grouped_wgrad_launch<WgradPingpongCfg>(a, b, c, drb, R, P, Q, E, 0, s));
       else CK(kosmos::moe::grouped_wgrad_launch<WgradCfg>(a, b, c, drb, R, P, Q, E, 0, s));
     };
-    for (int i = 0; i < 3; ++i) call();
-    std::vector<float> ms(20);
-    for (float& m : ms) {
-      CK(cudaEventRecord(e0, s)); call(); CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&m, e0, e1));
-    }
-    std::sort(ms.begin(), ms.end());
+    const double ms = median_ms(s, call);
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(c)); CK(cudaFree(drb));
-    return (double)ms[ms.size() / 2];
+    return ms;
   };
   printf("| preset | rows/expert | wgrad1 ms | wgrad1 pp ms | wgrad2 ms | wgrad2 pp ms | TFLOP/s | pp TFLOP/s |\n");
   printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
@@ -159,7 +151,6 @@ int bench_grouped_wgrad(cudaStream_t s) {
            w2p, w2p / w2, flops / (w1 + w2) * 1e-9, flops / (w1p + w2p) * 1e-9);
     fflush(stdout);
   }
-  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
   return 0;
 }
 

@@ -5,9 +5,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -84,6 +86,22 @@ struct Guarded {
   }
   void free() { CK(cudaFree(base)); base = nullptr; }
 };
+
+// Median ms of 20 calls of `call` on s after 3 warm-ups, each timed alone by CUDA events.
+template <class Call>
+double median_ms(cudaStream_t s, const Call& call) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) call();
+  std::vector<float> ms(20);
+  for (float& m : ms) {
+    CK(cudaEventRecord(e0, s)); call(); CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1)); CK(cudaEventElapsedTime(&m, e0, e1));
+  }
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return (double)ms[ms.size() / 2];
+}
 
 template <class T, class R>
 ErrSums rel_error(const T* out, const R* ref, size_t n, cudaStream_t s) {
