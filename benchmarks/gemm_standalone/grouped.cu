@@ -19,7 +19,7 @@ using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 256, 
 // The pingpong schedule (kernels/gemm/sm90/tile_pingpong.cuh), a 128x128 tile per
 // consumer warp group: checked and timed beside the cooperative one, which the
 // library's launches use until the pingpong one is measured to win.
-using PingpongCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 128, 5, true, true>;
+using PingpongCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 128, 4, true, true>;
 
 struct GroupedCase {
   std::vector<int> rows;  // real rows per expert (each padded to 128)

@@ -20,7 +20,7 @@ namespace {
 
 using kosmos::gemm::Layout;
 using WgradCfg = kosmos::sm90::TileConfig<Layout::NT, 128, 256, 3>;  // the library's (csrc/moe_bwd_sm90.cu)
-using WgradPingpongCfg = kosmos::sm90::TileConfig<Layout::NT, 128, 128, 5, true, true>;
+using WgradPingpongCfg = kosmos::sm90::TileConfig<Layout::NT, 128, 128, 4, true, true>;
 
 // Experts' row-block bounds [E + 1] of `rows` real rows each, padded to 128.
 std::vector<int> row_blocks(const std::vector<int>& rows) {
