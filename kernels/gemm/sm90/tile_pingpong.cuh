@@ -19,10 +19,9 @@
 //
 // Each group stages its tile in its own buffer (Cfg::kStagedTiles) and one
 // of its threads stores it by TMA; that thread waits for its previous stores
-// to have read the buffer before the group writes it again. Hooks that map
-// rows leave tiles through their store boxes (a weight gradient's experts);
-// hooks that publish tiles, copy rows one by one or stage their own epilogue
-// are the cooperative schedule's (static_asserts below).
+// to have read the buffer before the group writes it again. Hooks that
+// publish tiles, map rows or stage their own epilogue are the cooperative
+// schedule's (static_asserts below).
 #pragma once
 #include "gemm/sm90/barrier.cuh"
 #include "gemm/sm90/epilogue.cuh"
@@ -43,8 +42,8 @@ struct PingpongCompute {
   static constexpr int kStages = Cfg::kStages;
   static constexpr uint32_t kGroupThreads = 128, kTurnThreads = 2 * kGroupThreads;
   static_assert(Cfg::kPingpong && Cfg::kConsumerWGs == 2, "two groups taking turns");
-  static_assert(!Hooks::kTileDone && (!Hooks::kMapsRows || gemm::store_boxes_v<Hooks>) && !gemm::traces_tiles_v<Hooks>,
-                "tiles that are published, copied out row by row or traced run on the cooperative schedule");
+  static_assert(!Hooks::kTileDone && !Hooks::kMapsRows && !gemm::traces_tiles_v<Hooks>,
+                "tiles that are published, row-mapped or traced run on the cooperative schedule");
 
   // Group g's thread gtid: the groups' claims in turn, until the invalid one.
   static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int g, int gtid) {
@@ -113,11 +112,7 @@ struct PingpongCompute {
     smem_to_async_proxy_fence();
     named_barrier(kGroupBarrier + g, kGroupThreads);  // the whole tile is staged
     if (gtid == 0) {
-      if constexpr (Hooks::kMapsRows) {
-        store_boxes<Cfg>(s, h.store_box(t), 0, g);
-      } else {
-        store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN}, 0, g);
-      }
+      store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN}, 0, g);
       bulk_commit();
     }
   }
