@@ -127,7 +127,7 @@ bench_engine() {
   t0=$(date +%s)
   rm -f "$build"/*.o
   # The bf16 Hopper configurations are the library's own translation units: it times what ops.matmul runs.
-  for f in $src/main $src/bench $src/portable $src/sm90_f32 $src/grouped $src/grouped_wgrad csrc/matmul_sm90_tn \
+  for f in $src/main $src/bench $src/portable $src/sm90_f32 $src/grouped $src/grouped_bwd csrc/matmul_sm90_tn \
       csrc/matmul_sm90_nn csrc/matmul_sm90_nt; do
     n=$(basename $f)
     nvcc $flags -c $f.cu -o "$build/$n.o" > "$logs/build_$n.log" 2>&1 & pids+=($!)

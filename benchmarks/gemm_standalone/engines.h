@@ -38,9 +38,9 @@ inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kos
 int check_grouped(cudaStream_t s);
 // Times them on every MoE preset's balanced rows: the MoE benchmark's floor (grouped.cu).
 int bench_grouped(cudaStream_t s);
-// The backward's grouped weight gradient on both schedules (grouped_wgrad.cu): check, benchmark.
-int check_grouped_wgrad(cudaStream_t s);
-int bench_grouped_wgrad(cudaStream_t s);
+// The backward's grouped GEMMs (dgrad, wgrad) on both schedules (grouped_bwd.cu): check, benchmark.
+int check_grouped_bwd(cudaStream_t s);
+int bench_grouped_bwd(cudaStream_t s);
 
 // Portable oracle, fp32 output.
 cudaError_t portable_f32(kosmos::gemm::Layout l, const kosmos::gemm::Problem& p, int grid, cudaStream_t s);

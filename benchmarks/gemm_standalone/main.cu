@@ -1,10 +1,10 @@
 // Standalone driver for the tile engines: `check` verifies the Hopper engine
 // against the portable oracle (and the oracle against cuBLAS) on fresh random
 // inputs, poisoned outputs with guard zones and sizes that are not multiples
-// of the tile, and the MoE expert GEMMs (grouped.cu, grouped_wgrad.cu); `bench FILE [all-tiles]` times it against
+// of the tile, and the MoE expert GEMMs (grouped.cu, grouped_bwd.cu); `bench FILE [all-tiles]` times it against
 // cuBLAS on the shapes in FILE (lines "name layout M N K", engine terms: C[M,N], contraction K);
 // `bench-grouped` times the MoE expert GEMMs on the presets (the MoE floor) and the
-// backward's weight gradients, each on the cooperative and the pingpong schedule.
+// backward's dgrads and weight gradients, each on the cooperative and the pingpong schedule.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -156,8 +156,8 @@ int main(int argc, char** argv) {
          prop.l2CacheSize >> 20, prop.sharedMemPerBlockOptin >> 10);
   int rc = 0;
   if (argc >= 2 && !strcmp(argv[1], "check"))
-    rc = (bench::check_all(h, s) + bench::check_grouped(s) + bench::check_grouped_wgrad(s)) ? 1 : 0;
-  else if (argc >= 2 && !strcmp(argv[1], "bench-grouped")) rc = bench::bench_grouped(s) + bench::bench_grouped_wgrad(s);
+    rc = (bench::check_all(h, s) + bench::check_grouped(s) + bench::check_grouped_bwd(s)) ? 1 : 0;
+  else if (argc >= 2 && !strcmp(argv[1], "bench-grouped")) rc = bench::bench_grouped(s) + bench::bench_grouped_bwd(s);
   else if (argc >= 3 && !strcmp(argv[1], "bench"))
     rc = bench_file(argv[2], h, s, argc >= 4 && !strcmp(argv[3], "all-tiles"));
   else { fprintf(stderr, "usage: %s check | bench SHAPES_FILE [all-tiles] | bench-grouped\n", argv[0]); rc = 2; }
