@@ -29,12 +29,9 @@ struct GroupedCase {
 template <class Cfg>
 Guarded run_grouped(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* tile_expert, int M, int N, int K, int E,
                     int grid, cudaStream_t s) {
-  Guarded out;
-  out.alloc((size_t)M * N * 2);
-  out.poison(s);
-  CK(kosmos::moe::grouped_gemm_launch<Cfg>(a, b, out.c(), tile_expert, M, N, K, E, grid, s));
-  CK(cudaStreamSynchronize(s));
-  return out;
+  return poisoned_run((size_t)M * N * 2, s, [&](void* c) {
+    return kosmos::moe::grouped_gemm_launch<Cfg>(a, b, c, tile_expert, M, N, K, E, grid, s);
+  });
 }
 
 // Both schedules on one case (check_schedule: the pingpong output must also
@@ -159,12 +156,9 @@ int check_swiglu(const SwigluCase& sc, uint64_t seed, cudaStream_t s) {
   std::vector<float> ref, bound;
   swiglu_reference(ha, hb, tile_expert, M, I, H, ref, bound);
   auto run = [&](int grid) {
-    Guarded out;
-    out.alloc((size_t)M * I * 2);
-    out.poison(s);  // 0xFFFF: a bf16 NaN where nothing was written
-    CK(kosmos::moe::swiglu_gemm_launch<GroupedCfg>(a, b, out.c(), te, M, I, H, E, grid, s));
-    CK(cudaStreamSynchronize(s));
-    return out;
+    return poisoned_run((size_t)M * I * 2, s, [&](void* c) {
+      return kosmos::moe::swiglu_gemm_launch<GroupedCfg>(a, b, c, te, M, I, H, E, grid, s);
+    });
   };
   int fails = 0;
   for (const int grid : {0, 1}) {

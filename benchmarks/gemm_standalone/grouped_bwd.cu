@@ -37,12 +37,9 @@ std::vector<int> row_blocks(const std::vector<int>& rows) {
 template <class Cfg>
 Guarded run_wgrad(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* rb, int R, int P, int Q, int E, int grid,
                   cudaStream_t s) {
-  Guarded out;
-  out.alloc((size_t)E * P * Q * 2);
-  out.poison(s);
-  CK(kosmos::moe::grouped_wgrad_launch<Cfg>(a, b, out.c(), rb, R, P, Q, E, grid, s));
-  CK(cudaStreamSynchronize(s));
-  return out;
+  return poisoned_run((size_t)E * P * Q * 2, s, [&](void* c) {
+    return kosmos::moe::grouped_wgrad_launch<Cfg>(a, b, c, rb, R, P, Q, E, grid, s);
+  });
 }
 
 struct WgradCase {
@@ -91,12 +88,9 @@ bool check_wgrad(const WgradCase& wc, uint64_t seed, cudaStream_t s) {
 template <class Cfg>
 Guarded run_dgrad(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* te, int M, int N, int K, int E, int grid,
                   cudaStream_t s) {
-  Guarded out;
-  out.alloc((size_t)M * N * 2);
-  out.poison(s);
-  CK(kosmos::moe::grouped_dgrad_launch<Cfg>(a, b, out.c(), te, M, N, K, E, grid, s));
-  CK(cudaStreamSynchronize(s));
-  return out;
+  return poisoned_run((size_t)M * N * 2, s, [&](void* c) {
+    return kosmos::moe::grouped_dgrad_launch<Cfg>(a, b, c, te, M, N, K, E, grid, s);
+  });
 }
 
 struct DgradCase {

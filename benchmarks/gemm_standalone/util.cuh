@@ -115,6 +115,18 @@ ErrSums rel_error(const T* out, const R* ref, size_t n, cudaStream_t s) {
   return h;
 }
 
+// A bf16 output of `bytes`, poisoned (0xFF: NaN where nothing is written) with
+// guard zones, that launch(out) fills; synchronised.
+template <class Launch>
+Guarded poisoned_run(size_t bytes, cudaStream_t s, const Launch& launch) {
+  Guarded out;
+  out.alloc(bytes);
+  out.poison(s);
+  CK(launch(out.c()));
+  CK(cudaStreamSynchronize(s));
+  return out;
+}
+
 // One schedule of a grouped GEMM checked on one case: `run()` twice (each a
 // poisoned guarded bf16 output of n elements) against ref [n] fp32: nothing
 // left unwritten, guards intact, the two runs bitwise equal, relative error
