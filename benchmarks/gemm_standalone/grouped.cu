@@ -207,7 +207,7 @@ int check_grouped(cudaStream_t s) {
       {{0, 0, 0}, 256, 128, 0},                 // no rows at all: nothing to do
       {{640, 640, 640, 640}, 1536, 768, 0},     // balanced, Qwen3-30B-A3B's I = 768 as K
       {{100}, 128, 640, 0},                     // one tile: the second warp group never has one
-      {{384, 0, 256}, 384, 1024, 1},            // one CTA, 15 pingpong tiles: group 0 also draws the end
+      {{384, 0, 256}, 384, 1024, 1},            // one CTA, 15 pingpong tiles: group 1 draws the end
       {{128, 256}, 640, 64, 2},                 // one k-block a tile; 8 and 7 tiles: either group draws the end
   };
   int fails = 0;
