@@ -8,8 +8,9 @@
 #         a later call rebuilds incrementally)
 # hashes  scripts/kernel_hashes.py with each tree, then the keys whose output bytes differ
 # bench   benchmarks/loopback.py on RS_SHAPES / AG_SHAPES (8 thin and wide each by default;
-#         ARMS_RS, ARMS_AG) and BWD_SHAPES (default none: ag_nn and bulk_ag_nn on
-#         those shape names, ARMS_BWD default pull; BWD_KERNELS to pick), then
+#         ARMS_RS, ARMS_AG) and BWD_SHAPES (default none: the backward kernels ag_nn,
+#         bulk_ag_nn and bulk_rs_nt on those shape names, each on the arms of ARMS_BWD
+#         (default pull,push) it has; BWD_KERNELS to pick), then
 #         benchmarks/gemm.py --layouts GEMM_LAYOUTS (default TN; empty:
 #         skip, e.g. when the matmul kernels' code is unchanged), trees alternating per
 #         step; prints each arm's new / ref time per shape and the geomean
@@ -96,7 +97,7 @@ do_bench() {
   [ -n "$RS_SHAPES" ] && for t in ref new; do loopback $t tn_rs "$RS_SHAPES" "${ARMS_RS:-pull,push,push_fold}" $(( per * 3 / 2 )); done
   [ -n "$AG_SHAPES" ] && for t in ref new; do loopback $t ag_tn "$AG_SHAPES" "${ARMS_AG:-pull,push}" $per; done
   [ -n "${BWD_SHAPES:-}" ] && for t in ref new; do
-    loopback $t "${BWD_KERNELS:-ag_nn,bulk_ag_nn}" "$BWD_SHAPES" "${ARMS_BWD:-pull}" $per
+    loopback $t "${BWD_KERNELS:-ag_nn,bulk_ag_nn,bulk_rs_nt}" "$BWD_SHAPES" "${ARMS_BWD:-pull,push}" $per
   done
   [ -n "$GEMM_LAYOUTS" ] && for t in ref new; do
     in_tree $t timeout $(( per + 40 )) $PY benchmarks/gemm.py --layouts "$GEMM_LAYOUTS" --caps "" \
