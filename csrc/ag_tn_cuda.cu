@@ -136,6 +136,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
   }
   if (cudaError_t e = prepare_gathered(stream, a, es); e != cudaSuccess)
     return ffi::Error::Internal(name + ": gathered output: " + cudaGetErrorString(e));
+  const bool direct = a.nn && tp > 1 && peers_read_directly(g, a.x);  // ag_tn's peers read our slot
   auto params = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     AgParams<T> p{};
@@ -150,6 +151,7 @@ ffi::Error ag_tn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, int c
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
+    p.direct = direct;
     return p;
   };
   auto hopper = [&](const AgParams<bf16_t>& p, int n, cudaStream_t s) {

@@ -99,6 +99,7 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
   if (!err.empty()) return ffi::Error::InvalidArgument(err);
   if (cudaError_t e = prepare_gathered(stream, a, es); e != cudaSuccess)
     return ffi::Error::Internal(std::string("kosmos_bulk_ag_nn: gathered output: ") + cudaGetErrorString(e));
+  const bool direct = a.tp > 1 && peers_read_directly(g, a.x);
   auto params = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     BulkAgParams<T> q{};
@@ -111,6 +112,7 @@ ffi::Error bulk_ag_nn_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
     p.movers = mv; p.switching = a.switching != 0;
     p.ctrl_off = ag_ctrl_offset(ctrl_slot); p.slot_bytes = slot; p.timeout_ns = timeout_ns();
     p.trace = trace_buf(ordinal, g.rank, g.trace_list);
+    p.direct = direct;
     q.dy = static_cast<const T*>(a.dy);
     q.w = static_cast<const T*>(a.w);
     q.dx = static_cast<T*>(a.dx);

@@ -62,7 +62,7 @@ BulkRsShape bulk_shape(const BulkRsArgs& a, int rank, size_t es, int tile_n, int
   const int slices = (int)std::max<int64_t>(1, (br * row_bytes + kSliceBytes - 1) / (int64_t)kSliceBytes);
   const int tm = (int)((a.K + 127) / 128), tn = a.N > 0 ? (int)((a.N + tile_n - 1) / tile_n) : 0;
   return BulkRsShape{(int)a.tp, rank, (int)a.rows, (int)a.K, (int)br, slices, tm, tn,
-                     gemm::swizzle_group(tm, std::max(builders, 1), 128, tile_n)};
+                     gemm::swizzle_group(tm, std::max(builders, 1), 128, tile_n), 0};
 }
 
 std::string check(const BulkRsArgs& a, size_t es, const GroupInfo& g, size_t slot) {
@@ -145,7 +145,8 @@ ffi::Error bulk_rs_nt_run(cudaStream_t stream, int ordinal, const GroupInfo& g, 
   const int mv = movers_for(a, grid, &err);
   if (!err.empty()) return ffi::Error::InvalidArgument(err);
   const int tile_n = sm90 ? bulk_rs_nt_sm90_tile_n() : 128;  // portable: BulkRsEngine's 128 x 128 tiles
-  const BulkRsShape shape = bulk_shape(a, g.rank, es, tile_n, grid - (a.switching ? 0 : mv));
+  BulkRsShape shape = bulk_shape(a, g.rank, es, tile_n, grid - (a.switching ? 0 : mv));
+  shape.direct = a.tp > 1 && peers_read_directly(g, a.dxp);
   if (cudaError_t e = poison_dw(stream, a); e != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": poisoning dw: " + cudaGetErrorString(e));
   auto params = [&](auto* tag) {

@@ -26,12 +26,34 @@ std::string find_group(const char* op, int ordinal, xla::ffi::Span<const int64_t
       out->heaps[r] = Runtime::get().heap_for(ordinal, groups[base + r], &why);
       if (!out->heaps[r]) return std::string(op) + ": device " + std::to_string(me.global_id) + ": " + why;
     }
+    out->all_local = true;
+    for (int64_t r = 0; r < tp; ++r) out->all_local = out->all_local && Runtime::get().is_local(groups[base + r]);
     out->row = (int)(base / tp);
     out->sm_count = me.sm_count;
     out->heap_bytes = me.heap_bytes;
     return "";
   }
   return std::string(op) + ": device " + std::to_string(me.global_id) + " is in none of the groups";
+}
+
+bool peers_read_directly(const GroupInfo& g, const void* p) {
+  if (!g.all_local) return false;
+  // The driver's cuPointerGetAttribute, through the runtime (no libcuda link).
+  using GetAttr = int (*)(void*, int, unsigned long long);
+  static GetAttr get = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 4000, cudaEnableDefault, &found) != cudaSuccess)
+#else
+    if (cudaGetDriverEntryPoint("cuPointerGetAttribute", &fn, cudaEnableDefault, &found) != cudaSuccess)
+#endif
+      return GetAttr{nullptr};
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<GetAttr>(fn) : GetAttr{nullptr};
+  }();
+  constexpr int kLegacyIpcCapable = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: cuMemAlloc memory
+  int legacy = 0;
+  return get != nullptr && get(&legacy, kLegacyIpcCapable, reinterpret_cast<unsigned long long>(p)) == 0 && legacy;
 }
 
 std::string find_group_slot(const char* op, int ordinal, xla::ffi::Span<const int64_t> groups, int64_t tp,

@@ -23,7 +23,15 @@ struct GroupInfo {
   size_t heap_bytes = 0;
   char* heaps[kMaxRanks] = {};
   int trace_list = 0;  // role timelines: this rank's first per-CTA list on the device (trace_buf)
+  bool all_local = false;  // every member's device is in this process (peer access, raw pointers)
 };
+
+// Whether the group's peers may read `p`, an operand of this rank, directly
+// (AgParams::direct): every member is in this process, and p is a cuMemAlloc
+// allocation, which peer access maps to every peer (VMM and memory-pool
+// allocations are mapped only where their owner grants it, and another
+// process's pointers mean nothing here).
+bool peers_read_directly(const GroupInfo& g, const void* p);
 
 // The persistent grid: one CTA per SM, or cu_cap CTAs when 0 < cu_cap < SMs.
 inline int fused_grid(int64_t cu_cap, const GroupInfo& g) {

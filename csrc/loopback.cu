@@ -257,6 +257,7 @@ std::string enqueue(const LoopbackSpec& s, const std::vector<Transport>& ts, std
   g.rank = r; g.row = 0; g.sm_count = sm_count; g.heap_bytes = s.heap_bytes;
   g.trace_list = r * (int)s.cu_cap;  // ranks share the device's trace lists: each gets its own
   for (int q = 0; q < s.tp; ++q) g.heaps[q] = ranks[q].heap;
+  g.all_local = true;  // every rank is this GPU's
   const Transport t = ts[i % ts.size()];
   if (s.check) {
     const std::string err = cuda_check(cudaMemsetAsync(rk.y, 0xFF, yb, rk.stream), "poisoning y");

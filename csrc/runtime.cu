@@ -118,6 +118,11 @@ char* Runtime::heap_for(int ordinal, int64_t global_id, std::string* why) {
   return nullptr;
 }
 
+bool Runtime::is_local(int64_t global_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ordinal_of_.count(global_id) > 0;
+}
+
 size_t Runtime::heap_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;

@@ -39,6 +39,8 @@ class Runtime {
   // Heap of device `global_id` as seen from local `ordinal`, or nullptr + why.
   char* heap_for(int ordinal, int64_t global_id, std::string* why);
   size_t heap_bytes();
+  // Whether device `global_id` is one of this process's (its pointers valid here).
+  bool is_local(int64_t global_id);
   std::vector<int64_t> mapped_ids();
 
  private:

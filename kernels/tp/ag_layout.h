@@ -27,6 +27,12 @@ struct AgCtrl {
   uint32_t build_next;     // build queue counter
   uint32_t finished;       // CTAs done this launch
   uint32_t pad_;
+  // Where the peers read our shard this epoch (ag_nn and bulk_ag_nn under pull):
+  // src_ptr, set before src_epoch is released, is x itself, which every peer of
+  // the group (all in this process) reads directly, or 0: our gather slot,
+  // tile row t once pub[t] (tp/ag_ops.cuh announce_source).
+  uint64_t src_epoch;
+  uint64_t src_ptr;
   uint64_t done[kMaxRanks];  // done[p] = last epoch in which peer p finished reading our slot
   uint64_t ready[kMaxRanks];  // ready[p] = last epoch in which peer p's gather region took pushes (Push)
   uint64_t pub[kMaxTileRows];  // pub[t] = epoch our tile row t was published (peers read it)

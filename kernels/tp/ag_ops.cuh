@@ -33,6 +33,11 @@ struct AgParams {
   // ag_nn, when every shard's tile rows are whole tile rows of g_out: m_local %
   // kBM == 0); otherwise in this rank's gather slot too.
   bool pull_to_out_only;
+  // ag_nn, bulk_ag_nn: the peers pull our rows from x itself, not from a copy
+  // in our gather slot (AgCtrl::src_ptr). The launcher sets it only where
+  // every rank of the group is in this process and x is memory a peer may
+  // read (a cuMemAlloc allocation, mapped to the peers by peer access).
+  bool direct;
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
   int K, N;
@@ -71,6 +76,8 @@ struct AgDeviceOps {
   KOSMOS_DEVICE int claim_move() { return bcast(threadIdx.x == 0 ? (int)WorkQueue{&ctrl->move_next, 0}.claim() : 0); }
   KOSMOS_DEVICE void guard_data();
   KOSMOS_DEVICE void announce_ready();
+  KOSMOS_DEVICE void announce_source();
+  KOSMOS_DEVICE const char* await_source(const AgMove& m, int i);
   KOSMOS_DEVICE void land(char* slot_dst, const char* from, int src, int t);
   KOSMOS_DEVICE void move(const AgMove& m, int i);
   KOSMOS_DEVICE void push(const AgMove& m, int i, size_t off, size_t bytes);
@@ -145,6 +152,51 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::land(char* slot_dst, const c
   }
 }
 
+// Pull, ag_nn and bulk_ag_nn (a no-op for ag_tn, whose peers always read our
+// slot): CTA 0's thread 0, first thing in the launch, tells the peers where our
+// shard is this epoch: x itself where p.direct, else 0 (our slot, tile row by
+// tile row as published). It rewrites src_ptr only once every peer has ended
+// the previous epoch (done[r] >= epoch - 1: released by each peer's last CTA,
+// after its last pull), so no peer still reads the previous epoch's address;
+// a peer's done waits on nothing of this epoch, so this wait ends.
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::announce_source() {
+  if constexpr (kOp != AgOp::kTn) {
+    if (threadIdx.x != 0) return;
+    for (int r = 0; r < p.tp; ++r)
+      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done(source)", r));
+    *reinterpret_cast<volatile uint64_t*>(&ctrl->src_ptr) = p.direct ? reinterpret_cast<uint64_t>(p.x) : 0;
+    store_release<Scope::kSys>(&ctrl->src_epoch, epoch);  // orders the address before it
+  }
+}
+
+// A pull of (m.src, m.t): where that shard's rows are, once they may be read
+// (every thread; thread 0 waits, the barrier orders the others' loads behind its
+// acquires). ag_tn: the source's slot once it published the row. ag_nn,
+// bulk_ag_nn: the source's announced x (valid for the whole epoch: the source
+// keeps its launch alive until we are done, finish), or its slot once published.
+template <typename T, class Shared, class Tr, AgOp kOp>
+KOSMOS_DEVICE const char* AgDeviceOps<T, Shared, Tr, kOp>::await_source(const AgMove& m, int i) {
+  const AgCtrl* src = ctrl_of(m.src);
+  const TraceSpan wait;
+  if (threadIdx.x == 0) {
+    uint64_t at = 0;
+    if constexpr (kOp != AgOp::kTn) {
+      wait_ge<Scope::kSys>(&src->src_epoch, epoch, p.timeout_ns, site("peer_source", m.src));
+      at = *reinterpret_cast<const volatile uint64_t*>(&src->src_ptr);
+    }
+    if (at == 0)
+      wait_ge<Scope::kSys>(&src->pub[m.t], epoch, p.timeout_ns, site("peer_pub", m.src * kMaxTileRows + m.t));
+    wait.close(p.trace, blockIdx.x, kTraceWait, i);
+  }
+  __syncthreads();
+  if constexpr (kOp != AgOp::kTn) {
+    const uint64_t at = *reinterpret_cast<const volatile uint64_t*>(&src->src_ptr);
+    if (at != 0) return reinterpret_cast<const char*>(at);
+  }
+  return slot(m.src, m.src);
+}
+
 template <typename T, class Shared, class Tr, AgOp kOp>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::move(const AgMove& m, int i) {
   size_t off, bytes;
@@ -156,20 +208,18 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::move(const AgMove& m, int i)
     if (!m.publish && m.dst != p.rank) return push(m, i, off, bytes);
   if (m.publish) {
     const TraceSpan span;
-    land(slot(p.rank, p.rank), reinterpret_cast<const char*>(p.x), p.rank, m.t);
+    // Direct: the peers read x itself; only the gathered output wants our rows.
+    bool to_slot = true;
+    if constexpr (kOp != AgOp::kTn) to_slot = !p.direct;
+    land(to_slot ? slot(p.rank, p.rank) : nullptr, reinterpret_cast<const char*>(p.x), p.rank, m.t);
     __syncthreads();  // all writes of the row before the release below
-    if (threadIdx.x == 0) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
+    if (threadIdx.x == 0 && to_slot) store_release<Scope::kSys>(&ctrl->pub[m.t], epoch);  // peers read it
     if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceMove, i);
     return;
   }
-  const TraceSpan wait;
-  if (threadIdx.x == 0) {
-    wait_ge<Scope::kSys>(&ctrl_of(m.src)->pub[m.t], epoch, p.timeout_ns, site("peer_pub", m.src * kMaxTileRows + m.t));
-    wait.close(p.trace, blockIdx.x, kTraceWait, i);
-  }
-  __syncthreads();  // every thread's loads are ordered after thread 0's acquire
+  const char* from = await_source(m, i);
   const TraceSpan pull;
-  land(kOp == AgOp::kBulk || p.pull_to_out_only ? nullptr : slot(p.rank, m.src), slot(m.src, m.src), m.src, m.t);
+  land(kOp == AgOp::kBulk || p.pull_to_out_only ? nullptr : slot(p.rank, m.src), from, m.src, m.t);
   __syncthreads();
   if (threadIdx.x == 0) store_release<Scope::kGpu>(&ctrl->arrived[m.src * kMaxTileRows + m.t], epoch);
   if (threadIdx.x == 0) pull.close(p.trace, blockIdx.x, kTraceMove, i);
@@ -181,6 +231,14 @@ template <typename T, class Shared, class Tr, AgOp kOp>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(AgCtrl, done), epoch, p.tp, p.rank);
+  // Direct: the peers read x itself, which XLA may reuse once this launch ends,
+  // so it ends only after every peer's last CTA (past its last pull) released
+  // done[] to us. Each released ours first, and a peer's CTAs wait on nothing
+  // we do after our CTAs are done, so the wait ends.
+  if constexpr (kOp != AgOp::kTn)
+    if (p.direct)
+      for (int r = 0; r < p.tp; ++r)
+        if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch, p.timeout_ns, site("done(x read)", r));
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->finished = 0;

@@ -7,7 +7,11 @@
 // peers), then T*(tp-1) "pull" items, tile-row-major and source-minor so every
 // link is busy. Publish items precede all pulls, so once a pull is claimed
 // anywhere every publish of that rank was claimed earlier by a running CTA: a
-// pull only ever waits on claimed work, on every rank.
+// pull only ever waits on claimed work, on every rank. ag_nn and bulk_ag_nn
+// may pull straight from the source's x instead (AgParams::direct): CTA 0
+// announces first thing where the peers read its rows (announce_source), its
+// publishes then write only the gathered output, and its launch ends only once
+// every peer is done with its x (finish).
 // Push transport (Tr = Push; only the Hopper kernels compile it): per local tile row t, one
 // push per peer (destination-minor), T*(tp-1) items, and no publish: the own
 // shard's builders read x itself (tp/ag_gemm_sm90.cuh). A push copies x's row t
@@ -111,7 +115,9 @@ KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
 //
 // Deadlock freedom. The waits of an epoch: a publish waits on nothing of it
 // (guard_data: the previous epoch's readers, done by induction on epochs); a
-// pull of (src, t) waits on src's pub[t]; a push on the peer's ready[]; a
+// pull of (src, t) waits on src's pub[t] (ag_nn, bulk_ag_nn: first on src's
+// announcement, made by its CTA 0 before any wait of this epoch, which waits
+// only for the previous epoch's ends); a push on the peer's ready[]; a
 // builder's tile on the arrived[] of its rows (a peer's) or, where the own
 // shard is read from the gather region (the Hopper ag_tn under pull), on
 // pub[t]. (1) Movers wait on nothing builders do, and every rank has one,
@@ -126,14 +132,19 @@ KOSMOS_HD inline AgBuild ag_build_item(const AgShape& s, int j) {
 // waiting on any builder, whatever the builder holds. Every wait ends, down to
 // a grid of one CTA per rank: that CTA is a mover (tp > 1), moves its whole
 // queue (its pulls wait only on the peers' publishes, which each peer's one CTA
-// runs first), then builds tiles whose rows have all landed.
+// runs first), then builds tiles whose rows have all landed. (5) A direct
+// source's last CTA waits, after releasing its own done[], for every peer's:
+// each peer's CTAs finish by (1)-(4) without anything the source does later.
 template <class Tr, class Ops>
 KOSMOS_HD void ag_cta(Ops& ops, const AgShape& s, int cta, int grid, int movers, bool switching = true) {
   static_assert(!Tr::kFold, "the fold is GEMM+RS's");
   const int n_move = ag_n_move<Tr>(s);
   const bool mover = initial_role(cta, grid, movers) == Role::kMover;
-  if constexpr (Tr::kPush)
+  if constexpr (Tr::kPush) {
     if (mover && n_move > 0) ops.announce_ready();
+  } else {
+    if (cta == 0 && n_move > 0) ops.announce_source();
+  }
   if (mover)
     for (int i = ops.claim_move(); i < n_move; i = ops.claim_move()) ops.move(ag_move_item<Tr>(s, i), i);
   if (!mover || switching) ops.build_all();

@@ -3,8 +3,9 @@
 //   xg  = all_gather_rows(x)   [batch, tp * m_local, k], for the weight gradient
 //   dxp = dy @ w.T             [M, k], this rank's partial of dX (no gathered row needed)
 // Movers run AG+GEMM's moves (tp/ag_gemm.cuh: publish own rows into this
-// rank's heap slot and into xg, then pull peers' rows straight into xg, since
-// no builder reads the slots: AgOp::kBulk); builders run a tile engine over
+// rank's heap slot and into xg, or only into xg where the peers read x itself
+// (AgParams::direct), then pull peers' rows straight into xg, since no builder
+// reads the slots: AgOp::kBulk); builders run a tile engine over
 // dxp's tiles, which wait for nothing; a mover whose queue is empty builds.
 // The CTA life is AG+GEMM's ag_cta (tp/ag_sched.h): with at least one mover
 // per rank (tp > 1) every pull is claimed by a CTA that waits only on the

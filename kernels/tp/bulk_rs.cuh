@@ -25,6 +25,12 @@
 // ahead writes nothing of ours before we announce (ready[]) or finish (done[]).
 // The counters (queues, finished, band_count) are local and left zero by the
 // last CTA of each op.
+//
+// Direct sources: where every rank of the group is in this process and
+// dx_partial is cuMemAlloc memory (BulkRsShape::direct, the launcher's
+// peers_read_directly), a rank pushes nothing: it announces dx_partial's
+// address (RsCtrl::src_ptr) and the peers' reducers read their chunk's terms
+// straight from it; its launch ends only once every peer is done reading it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -107,11 +113,21 @@ struct BulkRsDeviceOps {
 
 // Our staging may take the peers' pushes of this epoch once its last readers,
 // of whichever op wrote it last, are done. Once per CTA (bulk_rs_cta), so the
-// guard is too.
+// guard is too. The CTA also says where the peers read our partials this
+// epoch: dx_partial itself where direct, else 0 (our pushes); every CTA writes
+// the same, and only once every peer has ended this op's previous epoch
+// (done[r] >= epoch - 1, released by each peer's last CTA after its last read),
+// so no peer still reads the previous epoch's address.
 template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::announce_ready() {
   bool seen = false;
   heap_use_guard(seen, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < p.tp; ++r)
+      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done(source)", r));
+    *reinterpret_cast<volatile uint64_t*>(&ctrl->src_ptr) = p.shape.direct ? reinterpret_cast<uint64_t>(p.dxp) : 0;
+    store_release<Scope::kSys>(&ctrl->src_epoch, epoch);  // orders the address before it
+  }
   Push::announce_ready(p.heap, p.ctrl_off + offsetof(RsCtrl, ready), epoch, p.tp, p.rank);
 }
 
@@ -162,28 +178,41 @@ KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::push(const BulkPush& 
   }
 }
 
-// Slice sl of our chunk: thread 0 acquires every peer's push of the band (the
-// barrier orders every thread's staging loads after it), then the fixed-order
-// sum, our own term read from dx_partial, rounded once into dx.
+// Slice sl of our chunk: thread 0 acquires every peer's announcement and, for
+// a peer that pushes, its push of the band (the barrier orders every thread's
+// loads after those acquires); then the fixed-order sum, our own term read from
+// dx_partial, a direct peer's from its dx_partial (sm.src), the others' from
+// staging, rounded once into dx.
 template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::reduce(const BulkSlice& sl) {
   const BulkRsShape& s = p.shape;
   if (threadIdx.x == 0) {
     const TraceSpan wait;
-    for (int src = 0; src < p.tp; ++src)
-      if (src != p.rank)
+    for (int src = 0; src < p.tp; ++src) {
+      if (src == p.rank) continue;
+      const RsCtrl* c = ctrl_of(src);
+      wait_ge<Scope::kSys>(&c->src_epoch, epoch, p.timeout_ns, site("peer_source", src));
+      const uint64_t at = *reinterpret_cast<const volatile uint64_t*>(&c->src_ptr);
+      sm.src[src] = at;
+      if (at == 0)
         wait_ge<Scope::kSys>(&ctrl->pub[rs_flag_index(sl.band, src)], epoch, p.timeout_ns,
                              site("pub", src * kRsMaxBands + sl.band));
+    }
     wait.close(p.trace, blockIdx.x, kTraceWait, sl.band);
   }
   __syncthreads();
   const TraceSpan span;
   const size_t off = (size_t)bulk_band_row0(s, sl.band) * s.cols + sl.e0;
-  const T* own = p.dxp + (size_t)p.rank * s.rows * s.cols + off;
+  const size_t chunk = (size_t)p.rank * s.rows * s.cols + off;  // our chunk in every rank's dx_partial
+  const T* own = p.dxp + chunk;
   const T* peers = reinterpret_cast<const T*>(p.heap[p.rank] + kHeapDataOffset) + off;
   const size_t slot = p.slot_bytes / sizeof(T);
   const int rank = p.rank;
-  auto term = [=](int r) { return r == rank ? own : peers + (size_t)bulk_stage_pos(r, rank) * slot; };
+  const uint64_t* src = sm.src;
+  auto term = [=](int r) {
+    return r == rank ? own : src[r] ? reinterpret_cast<const T*>(src[r]) + chunk
+                                    : peers + (size_t)bulk_stage_pos(r, rank) * slot;
+  };
   rs_sum_span<T, kSumGroups>(p.tp, term, p.dx + off, (size_t)(sl.e1 - sl.e0));
   if (threadIdx.x == 0) span.close(p.trace, blockIdx.x, kTraceReduce, sl.band);
 }
@@ -195,6 +224,11 @@ template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::finish(int grid) {
   if (!last_cta_done(&ctrl->finished, grid)) return;
   release_peers(p.heap, p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
+  // Direct: the peers read dx_partial itself, which XLA may reuse once this
+  // launch ends, so it ends only after every peer's last CTA released done[].
+  if (p.shape.direct)
+    for (int r = 0; r < p.tp; ++r)
+      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch, p.timeout_ns, site("done(partials read)", r));
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->reduce_next = 0;
@@ -209,6 +243,7 @@ using BulkRsEngine = portable::TileEngine<gemm::Layout::NT, T, T>;
 template <typename T>
 struct BulkRsShared {
   typename BulkRsEngine<T>::Smem tile;
+  uint64_t src[kMaxRanks];  // a reduce's peers' dx_partial addresses (0: staged), thread 0's
   int bcast;
   static KOSMOS_DEVICE const char* kernel() { return "bulk_rs_nt"; }
 };

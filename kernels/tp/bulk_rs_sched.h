@@ -37,6 +37,13 @@
 // a running CTA before any CTA there reduces; by (1) it completes. A reducer's
 // waits are therefore on pushes that complete, whatever the residency. In the
 // fixed split the movers alone push, and at least one exists per rank.
+// Direct sources (BulkRsShape::direct): a rank whose partials its peers read
+// straight from dx_partial pushes nothing. Every CTA's announcement also says
+// where a rank's partials are (waiting, as it does, only for the previous
+// epoch's ends), and a reducer waits on that (then, for a source that pushes, on
+// its band's push): by (1) it is made. A direct source's last CTA waits for
+// every peer's done[] of the epoch, which each peer releases once its CTAs are
+// done, by the above, whatever we do later.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +61,7 @@ struct BulkRsShape {
   int band_rows;  // rows per band, a multiple of 8 (16-byte aligned bands for 2-byte types)
   int slices;     // reduce items per band
   int tiles_m, tiles_n, group;  // GEMM: tiles of dw [k, n] and its swizzle band (gemm::SwizzledOrder)
+  int direct;     // 1: the peers read our partials straight from dx_partial (no pushes of ours)
 };
 
 struct BulkPush {
@@ -72,7 +80,7 @@ KOSMOS_HD inline int bulk_band_len(const BulkRsShape& s, int b) {
   return left < s.band_rows ? left : s.band_rows;
 }
 
-KOSMOS_HD inline int bulk_n_push(const BulkRsShape& s) { return s.tp > 1 ? bulk_bands(s) * (s.tp - 1) : 0; }
+KOSMOS_HD inline int bulk_n_push(const BulkRsShape& s) { return s.tp > 1 && !s.direct ? bulk_bands(s) * (s.tp - 1) : 0; }
 KOSMOS_HD inline BulkPush bulk_push_item(const BulkRsShape& s, int i) {
   return {i / (s.tp - 1), (s.rank + 1 + i % (s.tp - 1)) % s.tp};
 }

@@ -24,6 +24,7 @@ struct BulkRsSm90Params {
 };
 
 struct BulkRsSm90Shared {
+  uint64_t src[kMaxRanks];  // a reduce's peers' dx_partial addresses (0: staged), thread 0's
   int bcast;
   static KOSMOS_DEVICE const char* kernel() { return "bulk_rs_nt_sm90"; }
 };

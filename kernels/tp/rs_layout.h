@@ -26,6 +26,12 @@ struct RsCtrl {
   uint32_t reduce_next;  // reduce queue counter (local; reset by the last CTA)
   uint32_t finished;     // CTAs done this launch
   uint32_t move_next;    // bulk RS || NT's push queue counter (tp/bulk_rs_sched.h; tn_rs leaves it 0)
+  // Bulk RS || NT: where the peers read our partials this epoch. src_ptr, set
+  // before src_epoch is released, is dx_partial itself, which every peer of the
+  // group (all in this process) reads directly, or 0: we push them into the
+  // peers' staging (tp/bulk_rs.cuh announce_source).
+  uint64_t src_epoch;
+  uint64_t src_ptr;
   // done[p] = last epoch in which peer p finished reading our staging buffer.
   uint64_t done[kMaxRanks];
   // ready[p] = last epoch in which peer p's staging took our pushes (Push, PushFold).

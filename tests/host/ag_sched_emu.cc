@@ -12,6 +12,10 @@
 // the receiver's previous epoch was done shows as one); nothing hangs (bounded
 // waits abort). Both transports (the Pull and Push types, each epoch's
 // ag_cta instantiated for its own), and epochs alternating between them.
+// ag_nn and bulk_ag_nn also pull straight from a source's x (AgParams::direct,
+// per rank, also changing from epoch to epoch), which the "host" fills before
+// each launch and overwrites as soon as it ends (XLA reusing the buffer): a
+// source that ended its launch before its readers were done shows as a stale pull.
 // Usage: ag_sched_emu  (runs the built-in grid; exit 0 = all passed)
 #include <cstdio>
 #include <cstdlib>
@@ -43,9 +47,11 @@ struct Rank {
   std::vector<uint64_t> done, ready, pub, arrived, gather;  // gather[src*T + t]
   std::vector<uint32_t> moved, built;                       // exactly-once counters
   std::vector<uint64_t> out;  // the gathered output (ag_nn, bulk_ag_nn): tag of each (src, t) row
+  std::vector<uint64_t> x;    // this launch's input shard, tile row by tile row (the kernel's p.x)
+  uint64_t src_epoch = 0, src_direct = 0;  // AgCtrl::src_epoch, src_ptr != 0
   Rank(int tp, int T, int NT)
       : done(tp, 0), ready(tp, 0), pub(T, 0), arrived(tp * T, 0), gather(tp * T, 0),
-        moved(tp * T, 0), built(tp * T * NT, 0), out(tp * T, 0) {}
+        moved(tp * T, 0), built(tp * T * NT, 0), out(tp * T, 0), x(T, 0) {}
 };
 
 struct Case {
@@ -59,6 +65,12 @@ struct Case {
   // pulls land in the output only and its tiles wait for nothing (AgOp::kBulk,
   // tp/bulk_ag.cuh).
   enum Op { kTn, kNn, kBulk } op = kTn;
+  // ag_nn, bulk_ag_nn: 0 every rank publishes into its slot; 1 every rank's
+  // peers read its x directly; 2 direct on ranks and epochs of odd rank + epoch.
+  int direct = 0;
+  bool direct_at(int rank, uint64_t e) const {
+    return op != kTn && tp > 1 && (direct == 1 || (direct == 2 && (rank + e) % 2 == 1));
+  }
 };
 
 // The launchers' crew (csrc/ag_tn_cuda.cu, bulk_ag_nn_cuda.cu): builders never
@@ -103,6 +115,16 @@ struct HostOps {
     for (int p = 0; p < c.tp; ++p)
       if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done", p));
   }
+  // The kernel's announce_source (tp/ag_ops.cuh), CTA 0 first thing: where our
+  // rows are this epoch, rewritten once every peer ended the previous one.
+  void announce_source() {
+    if (c.op == Case::kTn) return;
+    for (int p = 0; p < c.tp; ++p)
+      if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e - 1, kTimeoutNs, site("done(source)", p));
+    jitter();
+    __atomic_store_n(&me().src_direct, (uint64_t)c.direct_at(rank, e), __ATOMIC_RELAXED);
+    store_release<Scope::kSys>(&me().src_epoch, e);
+  }
   void announce_ready() {
     EMU_CHECK(Tr::kPush && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
     guard_data();
@@ -123,15 +145,25 @@ struct HostOps {
     if (m.publish) {
       guard_data();
       jitter();
-      __atomic_store_n(&me().gather[rank * c.T + m.t], tag(e, rank, m.t), __ATOMIC_RELAXED);
-      if (c.op != Case::kTn) me().out[rank * c.T + m.t] = tag(e, rank, m.t);
+      const uint64_t v = __atomic_load_n(&me().x[m.t], __ATOMIC_RELAXED);
+      EMU_CHECK(v == tag(e, rank, m.t), "rank %d published a row (t %d) not of epoch %llu", rank, m.t,
+                (unsigned long long)e);
+      if (c.op != Case::kTn) me().out[rank * c.T + m.t] = v;
+      if (c.direct_at(rank, e)) return;  // the peers read x itself
+      __atomic_store_n(&me().gather[rank * c.T + m.t], v, __ATOMIC_RELAXED);
       store_release<Scope::kSys>(&me().pub[m.t], e);
       return;
     }
     Rank& peer = *ranks[m.src];
-    wait_ge<Scope::kSys>(&peer.pub[m.t], e, kTimeoutNs, site("pub", m.t));
-    jitter();  // the peer must not overwrite its slot meanwhile
-    const uint64_t v = __atomic_load_n(&peer.gather[m.src * c.T + m.t], __ATOMIC_RELAXED);
+    bool direct = false;
+    if (c.op != Case::kTn) {
+      wait_ge<Scope::kSys>(&peer.src_epoch, e, kTimeoutNs, site("peer_source", m.src));
+      direct = __atomic_load_n(&peer.src_direct, __ATOMIC_RELAXED) != 0;
+    }
+    if (!direct) wait_ge<Scope::kSys>(&peer.pub[m.t], e, kTimeoutNs, site("pub", m.t));
+    jitter();  // the peer must not overwrite its slot (or end its launch) meanwhile
+    const uint64_t v = direct ? __atomic_load_n(&peer.x[m.t], __ATOMIC_RELAXED)
+                              : __atomic_load_n(&peer.gather[m.src * c.T + m.t], __ATOMIC_RELAXED);
     EMU_CHECK(v == tag(e, m.src, m.t), "rank %d pulled stale row (src %d, t %d) epoch %llu", rank, m.src,
               m.t, (unsigned long long)e);
     if (c.op != Case::kBulk) __atomic_store_n(&me().gather[m.src * c.T + m.t], v, __ATOMIC_RELAXED);
@@ -170,6 +202,10 @@ struct HostOps {
     if (add_acq_rel_gpu_u32(&me().finished, 1) != (uint32_t)grid - 1) return;
     for (int p = 0; p < c.tp; ++p)
       if (p != rank) store_release<Scope::kSys>(&ranks[p]->done[rank], e);
+    // Direct: x outlives the launch only until it ends; the peers' reads first.
+    if (c.direct_at(rank, e))
+      for (int p = 0; p < c.tp; ++p)
+        if (p != rank) wait_ge<Scope::kSys>(&me().done[p], e, kTimeoutNs, site("done(x read)", p));
     me().move_next = me().build_next = me().finished = 0;
     store_release<Scope::kGpu>(&me().epoch, e);
   }
@@ -183,6 +219,7 @@ void run_epoch(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int ran
   const uint64_t e = load_acquire<Scope::kGpu>(&r.epoch) + 1;
   std::fill(r.moved.begin(), r.moved.end(), 0u);
   std::fill(r.built.begin(), r.built.end(), 0u);
+  for (int t = 0; t < c.T; ++t) __atomic_store_n(&r.x[t], tag(e, rank, t), __ATOMIC_RELAXED);
   std::vector<std::thread> ctas;
   for (int cta = 0; cta < c.W; ++cta)
     ctas.emplace_back([&, cta] {
@@ -190,6 +227,7 @@ void run_epoch(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int ran
       ag_cta<Tr>(ops, s, cta, c.W, crew(c), c.switching);
     });
   for (auto& t : ctas) t.join();
+  for (int t = 0; t < c.T; ++t) __atomic_store_n(&r.x[t], ~0ull, __ATOMIC_RELAXED);  // XLA reuses it
   for (int i = 0; i < ag_n_move<Tr>(s); ++i)
     EMU_CHECK(r.moved[i] == 1, "tp=%d W=%d rank %d epoch %llu: move %d ran %u times", c.tp, c.W, rank,
               (unsigned long long)e, i, r.moved[i]);
@@ -263,6 +301,30 @@ int main() {
     cases.push_back(fixed);
     cases.push_back(wide);
   }
+  // Their direct pulls: every rank, or ranks changing between direct and the
+  // slot from epoch to epoch; one CTA, all movers, a fixed split, 8 ranks.
+  for (Case::Op op : {Case::kNn, Case::kBulk})
+    for (int direct : {1, 2})
+      for (int tp : {2, 3, 4})
+        for (int W : {1, 3})
+          for (bool hopper : {false, true}) {
+            if (op == Case::kBulk && hopper) continue;
+            Case c{tp, W, W == 1 ? 1 : 2, 3, 4, 5, 20, 2, hopper};
+            c.op = op;
+            c.direct = direct;
+            cases.push_back(c);
+          }
+  for (Case::Op op : {Case::kNn, Case::kBulk})
+    for (int direct : {1, 2}) {
+      Case fixed{2, 3, 1, 3, 4, 4, 20, 2, false, false};
+      Case wide{8, 9, 2, 4, 3, 4, 5, 3, false};
+      Case tight{2, 1, 1, 6, 4, 8, 0, 1, false};  // one CTA, no delays
+      for (Case* c : {&fixed, &wide, &tight}) {
+        c->op = op;
+        c->direct = direct;
+        cases.push_back(*c);
+      }
+    }
   unsigned seed = 1;
   for (const Case& c : cases) {
     std::vector<std::unique_ptr<Rank>> ranks;

@@ -10,6 +10,10 @@
 // free and never read stale or overwritten while read (tags checked before and
 // after each read); every CTA announces before it waits, and reduces only once
 // its rank's push queue is exhausted; nothing hangs (bounded waits abort).
+// Direct sources (BulkRsShape::direct: every rank, or ranks switching from
+// epoch to epoch): their partials are read straight from their dx_partial,
+// which the "host" fills before each launch and poisons as soon as it ends
+// (XLA reusing the buffer), so a source that ends before its readers shows.
 // Usage: bulk_rs_sched_emu  (exit 0 = all passed; EMU_TIMEOUT_MS overrides the bound)
 #include <algorithm>
 #include <cmath>
@@ -67,6 +71,8 @@ struct Case {
   int rows, cols, band_rows, slices, tiles_m, tiles_n, group;
   int epochs, max_delay_us;
   bool switching = true;
+  int direct = 0;  // 0: every rank pushes; 1: every rank is a direct source; 2: ranks of odd rank + epoch
+  bool direct_at(int rank, uint64_t e) const { return tp > 1 && (direct == 1 || (direct == 2 && (rank + e) % 2)); }
 };
 
 // One rank's device memory: the real control block plus payload buffers.
@@ -78,10 +84,11 @@ struct Rank {
   std::vector<uint16_t> out;                   // [rows * cols] bf16 of our chunk
   std::vector<uint32_t> sum32;                 // the fp32 sums before rounding
   std::vector<uint32_t> pushed, built, reduced;  // exactly-once counters
+  std::vector<uint32_t> dxp;                     // [tp chunks][rows * cols] this launch's partials, fp32 bits
   Rank(const Case& c, int bands)
       : stage((size_t)(c.tp - 1) * c.rows * c.cols), tag((size_t)(c.tp - 1) * bands), out((size_t)c.rows * c.cols),
         sum32((size_t)c.rows * c.cols), pushed((size_t)bands * c.tp), built((size_t)c.tiles_m * c.tiles_n),
-        reduced((size_t)c.rows * c.cols) {}
+        reduced((size_t)c.rows * c.cols), dxp((size_t)c.tp * c.rows * c.cols) {}
 };
 using Ranks = std::vector<std::unique_ptr<Rank>>;
 
@@ -123,6 +130,9 @@ struct HostOps {
     for (int p = 0; p < s.tp; ++p)
       if (p != rank) wait_ge<Scope::kSys>(&ctl(rank).done[p], e - 1, g_timeout_ns, site("done", p));
     jitter();
+    // Where our partials are this epoch (the same from every CTA).
+    __atomic_store_n(&ctl(rank).src_ptr, (uint64_t)s.direct, __ATOMIC_RELAXED);
+    store_release<Scope::kSys>(&ctl(rank).src_epoch, e);
     for (int p = 0; p < s.tp; ++p)
       if (p != rank) store_release<Scope::kSys>(&ctl(p).ready[rank], e);
     announced = true;
@@ -157,10 +167,10 @@ struct HostOps {
       jitter();
     }
   }
-  bool tags_ok(int b, const char* when) {
+  bool tags_ok(int b, const char* when, const std::vector<bool>& direct) {
     bool ok = true;
     for (int src = 0; src < s.tp; ++src) {
-      if (src == rank) continue;
+      if (src == rank || direct[src]) continue;
       const uint64_t tg = __atomic_load_n(&me().tag[(size_t)bulk_stage_pos(src, rank) * bulk_bands(s) + b],
                                           __ATOMIC_RELAXED);
       EMU_CHECK(tg == stage_tag(e, src, b), "rank %d epoch %llu: rank %d's band %d %s read: tag %llx", rank,
@@ -173,19 +183,26 @@ struct HostOps {
   // slice: our own term straight from our dx_partial, the peers' from staging.
   void reduce(const BulkSlice& sl) {
     EMU_CHECK(announced || s.tp == 1, "rank %d cta %d reduces before announcing", rank, cta);
-    for (int src = 0; src < s.tp; ++src)
-      if (src != rank)
+    std::vector<bool> direct(s.tp, false);
+    for (int src = 0; src < s.tp; ++src) {
+      if (src == rank) continue;
+      wait_ge<Scope::kSys>(&ctl(src).src_epoch, e, g_timeout_ns, site("peer_source", src));
+      direct[src] = __atomic_load_n(&ctl(src).src_ptr, __ATOMIC_RELAXED) != 0;
+      if (!direct[src])
         wait_ge<Scope::kSys>(&ctl(rank).pub[rs_flag_index(sl.band, src)], e, g_timeout_ns,
                              site("pub", src * kRsMaxBands + sl.band));
-    if (!tags_ok(sl.band, "before")) return;
+    }
+    if (!tags_ok(sl.band, "before", direct)) return;
     jitter();
     const size_t base = (size_t)bulk_band_row0(s, sl.band) * s.cols;
     for (size_t i = base + sl.e0; i < base + sl.e1; ++i) {
       float acc = 0.f;
       for (int src = 0; src < s.tp; ++src) {
+        const size_t chunk = (size_t)rank * s.rows * s.cols;  // our chunk in every rank's dx_partial
         const float v = src == rank ? partial(data_seed, e, rank, rank, (int)i)
-                                    : ffrom(__atomic_load_n(&me().stage[(size_t)bulk_stage_pos(src, rank) * s.rows *
-                                                                            s.cols + i], __ATOMIC_RELAXED));
+                        : direct[src] ? ffrom(__atomic_load_n(&ranks[src]->dxp[chunk + i], __ATOMIC_RELAXED))
+                                      : ffrom(__atomic_load_n(&me().stage[(size_t)bulk_stage_pos(src, rank) * s.rows *
+                                                                              s.cols + i], __ATOMIC_RELAXED));
         acc = src == 0 ? v : acc + v;  // from rank 0's value, as rs_reduce_fixed
       }
       me().sum32[i] = fbits(acc);
@@ -193,27 +210,31 @@ struct HostOps {
       __atomic_fetch_add(&me().reduced[i], 1u, __ATOMIC_RELAXED);
     }
     jitter();  // a peer that pushed its next epoch too early overwrites the band now
-    tags_ok(sl.band, "after");
+    tags_ok(sl.band, "after", direct);
   }
   void finish(int grid) {
     RsCtrl& m = ctl(rank);
     if (add_acq_rel_gpu_u32(&m.finished, 1) != (uint32_t)grid - 1) return;
     for (int p = 0; p < s.tp; ++p)
       if (p != rank) store_release<Scope::kSys>(&ctl(p).done[rank], e);
+    // Direct: dx_partial outlives the launch only until it ends; the peers' reads first.
+    if (s.direct)
+      for (int p = 0; p < s.tp; ++p)
+        if (p != rank) wait_ge<Scope::kSys>(&m.done[p], e, g_timeout_ns, site("done(partials read)", p));
     m.move_next = m.build_next = m.reduce_next = m.finished = 0;
     store_release<Scope::kGpu>(&m.epoch, e);
   }
 };
 
 BulkRsShape shape_of(const Case& c, int rank) {
-  return {c.tp, rank, c.rows, c.cols, c.band_rows, c.slices, c.tiles_m, c.tiles_n, c.group};
+  return {c.tp, rank, c.rows, c.cols, c.band_rows, c.slices, c.tiles_m, c.tiles_n, c.group, 0};
 }
 
 // Checks one epoch of one rank against the fixed-order reference; returns a digest.
 uint64_t check_epoch(const Case& c, const BulkRsShape& s, Rank& r, uint64_t e, unsigned data_seed) {
   for (int b = 0; b < bulk_bands(s); ++b)
     for (int d = 0; d < s.tp; ++d)
-      EMU_CHECK(r.pushed[b * s.tp + d] == (d == s.rank ? 0u : 1u), "tp=%d G=%d rank %d epoch %llu: band %d to %d "
+      EMU_CHECK(r.pushed[b * s.tp + d] == (d == s.rank || s.direct ? 0u : 1u), "tp=%d G=%d rank %d epoch %llu: band %d to %d "
                 "pushed %u times", c.tp, c.grid, s.rank, (unsigned long long)e, b, d, r.pushed[b * s.tp + d]);
   for (size_t j = 0; j < r.built.size(); ++j)
     EMU_CHECK(r.built[j] == 1, "tp=%d G=%d rank %d epoch %llu: tile %zu built %u times", c.tp, c.grid, s.rank,
@@ -240,9 +261,14 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
               std::vector<uint64_t>& digests) {
   std::mt19937 rng(jitter_seed * 2654435761u + (unsigned)rank);
   Rank& r = *ranks[rank];
-  const BulkRsShape s = shape_of(c, rank);
   for (int it = 0; it < c.epochs; ++it) {
     const uint64_t e = load_acquire<Scope::kGpu>(&r.ctrl->epoch) + 1;
+    BulkRsShape s = shape_of(c, rank);
+    s.direct = c.direct_at(rank, e);
+    for (int ch = 0; ch < c.tp; ++ch)  // this launch's input
+      for (int i = 0; i < c.rows * c.cols; ++i)
+        __atomic_store_n(&r.dxp[(size_t)ch * c.rows * c.cols + i], fbits(partial(data_seed, e, rank, ch, i)),
+                         __ATOMIC_RELAXED);
     for (auto* v : {&r.pushed, &r.built, &r.reduced}) std::fill(v->begin(), v->end(), 0u);
     std::fill(r.out.begin(), r.out.end(), (uint16_t)0xFFFF);  // poison: NaN
     std::fill(r.sum32.begin(), r.sum32.end(), 0xFFFFFFFFu);
@@ -262,6 +288,7 @@ void run_rank(const Case& c, Ranks& ranks, int rank, unsigned jitter_seed, unsig
         }
       });
     for (auto& t : slots) t.join();
+    for (auto& v : r.dxp) __atomic_store_n(&v, 0x7FC00000u, __ATOMIC_RELAXED);  // XLA reuses it: NaN
     digests.push_back(check_epoch(c, s, r, e, data_seed));
   }
 }
@@ -330,6 +357,23 @@ std::vector<Case> make_cases() {
   cases.push_back({3, 2, 4, 1, 21, 5, 8, 4, 2, 3, 1, 3, 20, false});  // 2 resident of 4
   cases.push_back({2, 1, 2, 1, 40, 8, 8, 2, 4, 3, 2, 4, 10, false});  // 1 resident of 2: builder or mover first
   cases.push_back({8, 2, 3, 1, 13, 4, 16, 3, 0, 0, 1, 3, 5, false});
+  // Direct sources: every rank, and ranks switching between direct and pushing
+  // from epoch to epoch; one CTA, partial residency, fixed splits, 8 ranks.
+  for (int direct : {1, 2}) {
+    for (int tp : {2, 3, 4})
+      for (int W : {1, 2})
+        for (int mv : {0, 1}) {
+          Case c{tp, W, W + 1, mv, 21, 5, 8, 4, 2, 3, 1, 5, 20};
+          c.direct = direct;
+          cases.push_back(c);
+        }
+    Case fixed{3, 2, 4, 1, 40, 8, 8, 2, 4, 3, 2, 4, 20, false}, wide{8, 2, 5, 2, 40, 8, 8, 2, 4, 3, 2, 4, 5},
+        tight{2, 1, 1, 1, 40, 8, 8, 2, 4, 3, 2, 8, 0};
+    for (Case* c : {&fixed, &wide, &tight}) {
+      c->direct = direct;
+      cases.push_back(*c);
+    }
+  }
   return cases;
 }
 
@@ -341,9 +385,9 @@ int main() {
   unsigned seed = 1;
   for (const Case& c : cases) {
     // Named before it runs: a bounded wait that traps leaves this as the last line.
-    std::printf("case tp=%d W=%d G=%d movers=%d switching=%d rows=%d cols=%d band_rows=%d slices=%d tiles=%dx%d\n",
-                c.tp, c.W, c.grid, c.movers, (int)c.switching, c.rows, c.cols, c.band_rows, c.slices, c.tiles_m,
-                c.tiles_n);
+    std::printf("case tp=%d W=%d G=%d movers=%d switching=%d direct=%d rows=%d cols=%d band_rows=%d slices=%d "
+                "tiles=%dx%d\n", c.tp, c.W, c.grid, c.movers, (int)c.switching, c.direct, c.rows, c.cols, c.band_rows,
+                c.slices, c.tiles_m, c.tiles_n);
     std::fflush(stdout);
     check_gemm_order(c);
     const std::vector<uint64_t> a = run_case(c, seed, seed + 1000);
