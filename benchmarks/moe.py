@@ -356,11 +356,10 @@ def floor_arm():
 
   def f(a1, a2, gate_up, down, te, *shared):
     e, h = gate_up.shape[:2]
-    # GEMM2 on the engine the megakernel runs it on (the pingpong schedule)
-    out = (gg.grouped_gemm(a1, gate_up.reshape(e, h, -1), te), gg.grouped_gemm(a2, down, te, pingpong=True))
+    out = (gg.grouped_gemm(a1, gate_up.reshape(e, h, -1), te), gg.grouped_gemm(a2, down, te))
     if shared:  # the one always-on expert as a one-expert grouped GEMM
       s1, s2, sgu, sd, te1 = shared
-      out += (gg.grouped_gemm(s1, sgu.reshape(1, h, -1), te1), gg.grouped_gemm(s2, sd[None], te1, pingpong=True))
+      out += (gg.grouped_gemm(s1, sgu.reshape(1, h, -1), te1), gg.grouped_gemm(s2, sd[None], te1))
     return out
 
   return jax.jit(f)

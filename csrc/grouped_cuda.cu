@@ -59,7 +59,7 @@ ffi::Error run(const char* op, int ordinal, cudaStream_t stream, ffi::AnyBuffer 
 }  // namespace
 
 static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                                  ffi::AnyBuffer tile_expert, ffi::Result<ffi::AnyBuffer> c, int64_t pingpong) {
+                                  ffi::AnyBuffer tile_expert, ffi::Result<ffi::AnyBuffer> c) {
   const char* op = "kosmos_grouped_gemm";
   auto ad = a.dimensions(), bd = b.dimensions(), td = tile_expert.dimensions();
   if (ad.size() != 2 || bd.size() != 3 || td.size() != 1 || bd[1] != ad[1])
@@ -77,7 +77,7 @@ static ffi::Error GroupedGemmCuda(cudaStream_t stream, int32_t ordinal, ffi::Any
   return run(op, ordinal, stream, *c, [&] {
     return grouped_gemm_sm90_launch(a.untyped_data(), b.untyped_data(), c->untyped_data(),
                                     static_cast<const int*>(tile_expert.untyped_data()), (int)M, (int)N, (int)K,
-                                    (int)E, pingpong != 0, grid, stream);
+                                    (int)E, grid, stream);
   });
 }
 
@@ -160,8 +160,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_grouped_gemm_cuda, GroupedGemmCuda,
                                   .Arg<ffi::AnyBuffer>()    // a [M, K] bf16, rows expert-major, segments of 128
                                   .Arg<ffi::AnyBuffer>()    // b [E, K, N] bf16
                                   .Arg<ffi::AnyBuffer>()    // tile_expert [M / 128] int32
-                                  .Ret<ffi::AnyBuffer>()    // c [M, N] bf16
-                                  .Attr<int64_t>("pingpong"));  // 1: the megakernel GEMM2's engine
+                                  .Ret<ffi::AnyBuffer>());  // c [M, N] bf16
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kosmos_grouped_dgrad_cuda, GroupedDgradCuda,
                               ffi::Ffi::Bind()

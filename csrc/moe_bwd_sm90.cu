@@ -8,13 +8,11 @@
 namespace kosmos {
 namespace {
 
-// The dgrads on the engine's wide configuration (128x256, 3 stages, staged
-// epilogue), K-major x K-major; the wgrads (K = an expert's rows) MN-major x
-// MN-major on the pingpong schedule, 128x128 with 4 stages, whose storage fits
-// below the dgrads' barriers (moe/sm90_ops.cuh moe_storages_fit); the floor's
-// grouped wgrad alike (gemm/tile_problem.h).
+// The engine's wide configuration (128x256, 3 stages, staged epilogue), as the
+// forward's, in the backward's two layouts: the dgrads K-major x K-major, the
+// wgrads MN-major x MN-major (gemm/tile_problem.h).
 using DgradCfg = sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>;
-using WgradCfg = sm90::TileConfig<gemm::Layout::NT, 128, 128, 4, true, true>;
+using WgradCfg = sm90::TileConfig<gemm::Layout::NT, 128, 256, 3>;
 // The kernel's two instantiations (kPeers: EP = 1 and EP > 1).
 Sm90StatePair g_state;
 
@@ -24,7 +22,7 @@ std::string moe_bwd_sm90_prepare(int ordinal) {
   return prepare_sm90_pair("kosmos_moe_backward",
                            reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg, false>),
                            reinterpret_cast<const void*>(&moe::moe_bwd_sm90_kernel<DgradCfg, WgradCfg, true>),
-                           DgradCfg::kThreads, (int)moe::kMoeSmemBytes<DgradCfg, WgradCfg>, ordinal, g_state,
+                           DgradCfg::kThreads, (int)sm90::SharedStorage<DgradCfg>::kLaunchBytes, ordinal, g_state,
                            set_timeout_mailbox, TimeoutUnit::kMoeBwdSm90);
 }
 

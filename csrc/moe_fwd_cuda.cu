@@ -137,9 +137,8 @@ ffi::Error kosmos::moe_fwd_run(cudaStream_t stream, int ordinal, const GroupInfo
   if (std::string why = engine_refuses(sm90, c.H, c.I, c.E, c.k); !why.empty()) return Fail(op, why);
   if (sm90) moe_fwd_sm90_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
   else moe_fwd_portable_columns((int)c.H, (int)c.I, &c.nt1, &c.nt2);
-  // The floor's band for the grid: its tiles are 128 rows by GEMM1's 2I / nt1 columns
-  // (the Hopper GEMM2's pingpong tiles are narrower; both GEMMs walk the same bands).
-  c.band = gemm::swizzle_group(1 << 20, c.grid, moe::kMoeTileRows, (int)(2 * c.I / c.nt1));
+  // The floor's band for the grid: each tile is 128 rows by (H / nt2) columns.
+  c.band = gemm::swizzle_group(1 << 20, c.grid, moe::kMoeTileRows, (int)((c.H + c.nt2 - 1) / c.nt2));
   c.R = moe::moe_rank_rows((int)c.t, (int)c.k, (int)c.ep, (int)c.e_local);
   c.S = moe::moe_shared_rows((int)c.t, a.shared);
   c.P = moe::moe_return_rows((int)c.t, (int)c.k, (int)c.ep, (int)c.E);

@@ -23,9 +23,8 @@ void moe_fwd_sm90_columns(int H, int I, int* nt1, int* nt2);
 cudaError_t moe_fwd_sm90_launch(const moe::MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
                                 const void* sw2, int grid, cudaStream_t stream);
 // C [M, N] = A [M, K] @ B[tile_expert[m / 128]] ([E, K, N]), every expert at once; "" or why not.
-// pingpong: on the megakernel GEMM2's engine (the pingpong schedule), else on GEMM1's.
 std::string grouped_gemm_sm90_unsupported(int M, int N, int K, int E);
 cudaError_t grouped_gemm_sm90_launch(const void* a, const void* b, void* c, const int* tile_expert, int M, int N,
-                                     int K, int E, bool pingpong, int grid, cudaStream_t stream);
+                                     int K, int E, int grid, cudaStream_t stream);
 
 }  // namespace kosmos

@@ -21,11 +21,6 @@
 // dgrads on the engine's NN layout (B K-major, each expert's rows from
 // b_row0), wgrads on NT with each expert's contraction rows as the tile's k
 // range (k_range): the plan's stable row order, so dW is bitwise reproducible.
-// The wgrads' K is an expert's rows (512 at Qwen3-30B-A3B's 8192 tokens), so
-// they run on the engine's pingpong schedule (128x128 tiles, one group's
-// epilogue under the other's mainloop), in the same shared memory as the
-// dgrads' cooperative engine (moe_storages_fit: every wgrad tile follows every
-// dgrad tile in the queue).
 // The forward's workspace supplies act, h1 and at EP = 1 x_rows (moe/fwd_ws.h; their
 // padding rows are zeros, as the dY arena's, so whole row blocks contract).
 //
@@ -51,7 +46,8 @@ namespace kosmos::moe {
 
 template <class Dg, class Wg, bool kPeers>
 struct MoeBwdSm90Ops : MoeSm90LocalOps<kPeers> {
-  static_assert(moe_storages_fit<Dg, Wg>(), "the dgrads' and the wgrads' engines share one CTA's shared memory");
+  static_assert(sizeof(sm90::SharedStorage<Dg>) == sizeof(sm90::SharedStorage<Wg>),
+                "the two layouts' engines share one CTA's shared memory");
   const MoeBwdSm90Params<Dg, Wg>& pp;
   char* smem;  // the kernel's dynamic shared memory (unaligned: shared_storage aligns it)
   MoePass* pass;
@@ -107,8 +103,8 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
                 "the CTA and row block of moe/fwd_ops.cuh");
   static_assert(sizeof(sm90::SharedStorage<Dg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
   static_assert(moe_fold_fits_rings<sm90::SharedStorage<Dg>>(), "the fold's rows and rings fit the A and B rings");
-  static_assert(kMoeSmemBytes<Dg, Wg> + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
-                "the engines' shared memory and the layout's copy fit the 227 KB");
+  static_assert(sm90::SharedStorage<Dg>::kLaunchBytes + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
+                "the engine's shared memory and the layout's copy fit the 227 KB");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
@@ -185,7 +181,7 @@ cudaError_t moe_bwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
       static_cast<const bf16_t*>(shared ? hs : h1),
       make_output_tma<Wg>(shared ? dsw2 : dw2, I, H, H),
       make_output_tma<Wg>(shared ? dsw1 : dw1, H, 2 * I, 2 * I)};
-  constexpr int kSmem = (int)kMoeSmemBytes<Dg, Wg>;
+  constexpr int kSmem = sm90::SharedStorage<Dg>::kLaunchBytes;
   if (m.s.ep > 1) moe_bwd_sm90_kernel<Dg, Wg, true><<<grid, Dg::kThreads, kSmem, stream>>>(p);
   else moe_bwd_sm90_kernel<Dg, Wg, false><<<grid, Dg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();

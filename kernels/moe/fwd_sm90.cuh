@@ -8,16 +8,6 @@
 // (GEMM1) and their B at the shared weights. Every GEMM1 tile keeps its bf16
 // pre-activations (routed: h1, the shared expert's: hs) for the backward.
 //
-// GEMM2 runs on the engine's pingpong schedule (Cfg2: a 128x128 tile per
-// consumer warp group, one group's epilogue under the other's mainloop):
-// its K is the experts' intermediate size, short enough that the cooperative
-// 128x256 tile's epilogue idles the tensor cores for a large share of a tile
-// (benchmarks/RESULTS.md, the pingpong probe). GEMM1 keeps the cooperative
-// tile, whose 256 columns pair a gate block with its up block for the SwiGLU.
-// The two engines' storages overlap in the dynamic shared memory as
-// moe/sm90_ops.cuh's moe_storages_fit allows: every GEMM1 tile precedes every
-// GEMM2 tile in the build queue.
-//
 // One engine run serves one GEMM (its operands are TMA descriptors of the
 // run), so build() runs passes: the engine's claimer thread claims ahead, and a claim
 // of the other GEMM ends the pass and opens the next one with it. GEMM1 tiles
@@ -33,25 +23,23 @@
 
 namespace kosmos::moe {
 
-template <class Cfg, class Cfg2>
+template <class Cfg>
 struct MoeFwdSm90Params {
   using P = sm90::Params<Cfg>;
-  using P2 = sm90::Params<Cfg2>;
   MoeFwdParams m;
-  P g1;   // A arena [R, H], B w1 [E*H, 2I]: M = R, N = 2I, K = H
-  P2 g2;  // A act [R + S, I], B w2 [E*I, H], C y_rows [R + S, H]: N = H, K = I
+  P g1;  // A arena [R, H], B w1 [E*H, 2I]: M = R, N = 2I, K = H
+  P g2;  // A act [R + S, I], B w2 [E*I, H], C y_rows [R + S, H]: N = H, K = I
   typename P::TmaBHalf w1_half;   // w1 in half-height boxes: a gate and an up column block
   typename P::TmaC act_out;       // the SwiGLU tiles' stores into act [R + S, I]
   // The shared expert's row blocks (s.shared_blocks > 0; else copies of the above):
   typename P::TmaA x_in;          // GEMM1's A: x [t, H]
   typename P::TmaBHalf sw1_half;  // GEMM1's B: its gate | up [H, 2I] in half-height boxes
-  typename P2::TmaB sw2;          // GEMM2's B: its down [I, H]
+  typename P::TmaB sw2;           // GEMM2's B: its down [I, H]
   typename P::TmaC h1_out;        // GEMM1's pre-activations: h1 [R, 2I] (routed rows)
   typename P::TmaC hs_out;        // and hs [t, 2I] (the shared expert's, kept; else a copy of h1_out)
 };
 
-// Cfg: this GEMM's engine configuration; Params: the kernel's MoeFwdSm90Params.
-template <class Cfg, class Params, int kGemm>
+template <class Cfg, int kGemm>
 struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   static constexpr bool kTileDone = true, kGroupedB = true;
   static constexpr bool kMapsRows = kGemm == 1, kStoreBoxes = kGemm == 1, kSplitB = kGemm == 1;
@@ -61,7 +49,7 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::b;
   using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::expert;
   using MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm>::shared;
-  const Params* p;
+  const MoeFwdSm90Params<Cfg>* p;
   KOSMOS_DEVICE int b_kblock0(gemm::TileCoord t) const {
     return shared(t) ? 0 : expert(t) * ((kGemm == 1 ? p->m.H : p->m.I) / Cfg::kBK);
   }
@@ -107,24 +95,21 @@ struct MoeGemmHooks : MoeRowTileCtl<MoeBuilds<MoeCtl>, kGemm> {
   }
 };
 
-template <class Cfg, class Cfg2, bool kPeers>
+template <class Cfg, bool kPeers>
 struct MoeSm90Ops : MoeSm90LocalOps<kPeers> {
-  using Params = MoeFwdSm90Params<Cfg, Cfg2>;
-  const Params& pp;
-  char* smem;  // the dynamic shared memory, each engine's storage in turn
+  const MoeFwdSm90Params<Cfg>& pp;
+  sm90::SharedStorage<Cfg>& sm;
   MoePass* pass;
 
   template <int kGemm>
   KOSMOS_DEVICE void run_pass(MoeBuilds<MoeCtl>& b, int most) {
+    using Hooks = MoeGemmHooks<Cfg, kGemm>;
+    Hooks h{{&b}, &pp};
     MoePassSched<MoeBuilds<MoeCtl>> sched{&b, pass, kGemm, most};
     if constexpr (kGemm == 1) {
-      using Hooks = MoeGemmHooks<Cfg, Params, 1>;
-      Hooks h{{&b}, &pp};
-      sm90::TileEngine<Cfg, gemm::bf16, Hooks, SwigluStaging>::run(pp.g1, sm90::shared_storage<Cfg>(smem), sched, h);
+      sm90::TileEngine<Cfg, gemm::bf16, Hooks, SwigluStaging>::run(pp.g1, sm, sched, h);
     } else {
-      using Hooks = MoeGemmHooks<Cfg2, Params, 2>;
-      Hooks h{{&b}, &pp};
-      sm90::TileEngine<Cfg2, gemm::bf16, Hooks>::run(pp.g2, sm90::shared_storage<Cfg2>(smem), sched, h);
+      sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g2, sm, sched, h);
     }
   }
 
@@ -149,15 +134,13 @@ struct MoeSm90Ops : MoeSm90LocalOps<kPeers> {
 };
 
 // kPeers: launched at EP > 1 (the EP = 1 instantiation holds no peer code).
-template <class Cfg, class Cfg2, bool kPeers>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg, Cfg2> p) {
+template <class Cfg, bool kPeers>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ MoeFwdSm90Params<Cfg> p) {
   static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
-  static_assert(moe_storages_fit<Cfg, Cfg2>(), "GEMM1's and GEMM2's engines share one CTA's shared memory");
   static_assert(sizeof(sm90::SharedStorage<Cfg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
   static_assert(moe_fold_fits_rings<sm90::SharedStorage<Cfg>>(), "the fold's rows and rings fit the A and B rings");
-  static_assert(kMoeSmemBytes<Cfg, Cfg2> + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
-                "the engines' shared memory and the layout's copy fit the 227 KB");
+  static_assert(sm90::SharedStorage<Cfg>::kLaunchBytes + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
+                "the engine's shared memory and the layout's copy fit the 227 KB");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
@@ -165,7 +148,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
   // The front's scratch is the engine's A ring: no engine runs during the front.
-  MoeSm90Ops<Cfg, Cfg2, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy}, p, smem_raw, &pass};
+  MoeSm90Ops<Cfg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 
@@ -178,7 +161,7 @@ inline const char* moe_fwd_sm90_unsupported(int H, int I, int E, int k) {
 
 // Launches over m (its workspace zeroed where moe_ws_layout says) with `grid`
 // CTAs; sw1 [H, 2I] and sw2 [I, H] are the shared expert's (m.s.shared_blocks > 0).
-template <class Cfg, class Cfg2>
+template <class Cfg>
 cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const void* w2, const void* sw1,
                                 const void* sw2, int grid, cudaStream_t stream) {
   using sm90::make_operand_tma;
@@ -195,23 +178,23 @@ cudaError_t moe_fwd_sm90_launch(const MoeFwdParams& m, const void* w1, const voi
   // store's descriptor, never stored through (preact_box).
   const auto h1_out =
       m.h1 ? sm90::make_output_tma<Cfg>(m.h1, R, 2 * I, 2 * I) : sm90::make_output_tma<Cfg>(m.act, RS, I, I);
-  MoeFwdSm90Params<Cfg, Cfg2> p{m,
+  MoeFwdSm90Params<Cfg> p{m,
                           {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(arena, R, H, H),
                            make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw1, 2 * I, E * H, 2 * I),
                            {}, nullptr, R, 2 * I, H},
-                          {make_operand_tma<Cfg2::kMajorA, typename Cfg2::RingA>(act, RS, I, I),
-                           make_operand_tma<Cfg2::kMajorB, typename Cfg2::RingB>(pw2, H, E * I, H),
-                           sm90::make_output_tma<Cfg2>(m.y_rows, RS, H, H), m.y_rows, RS, H, I},
+                          {make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(act, RS, I, I),
+                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(pw2, H, E * I, H),
+                           sm90::make_output_tma<Cfg>(m.y_rows, RS, H, H), m.y_rows, RS, H, I},
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(pw1, 2 * I, E * H, 2 * I),
                           sm90::make_output_tma<Cfg>(m.act, RS, I, I),
                           make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(x, m.s.tokens, H, H),
                           make_operand_tma<Cfg::kMajorB, typename Cfg::RingBHalf>(psw1, 2 * I, shared ? H : E * H, 2 * I),
-                          make_operand_tma<Cfg2::kMajorB, typename Cfg2::RingB>(psw2, H, shared ? I : E * I, H),
+                          make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(psw2, H, shared ? I : E * I, H),
                           h1_out,
                           m.hs ? sm90::make_output_tma<Cfg>(m.hs, m.s.tokens, 2 * I, 2 * I) : h1_out};
-  constexpr int kSmem = (int)kMoeSmemBytes<Cfg, Cfg2>;
-  if (m.s.ep > 1) moe_fwd_sm90_kernel<Cfg, Cfg2, true><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
-  else moe_fwd_sm90_kernel<Cfg, Cfg2, false><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  constexpr int kSmem = sm90::SharedStorage<Cfg>::kLaunchBytes;
+  if (m.s.ep > 1) moe_fwd_sm90_kernel<Cfg, true><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  else moe_fwd_sm90_kernel<Cfg, false><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 

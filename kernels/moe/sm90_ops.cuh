@@ -2,38 +2,9 @@
 // MoeBwdSm90Ops, moe/bwd_sm90.cuh) share over MoeLocalOps: the steps whose
 // EP = 1 instantiation holds no peer code.
 #pragma once
-#include <cstddef>
-#include <type_traits>
-
-#include "gemm/sm90/tile_config.cuh"
 #include "moe/fwd_ops.cuh"
 
 namespace kosmos::moe {
-
-// Where two engines of a megakernel (First's passes, then Then's: a build
-// queue that puts every tile of the first kinds before any of the second's)
-// share the dynamic shared memory, with First's A and B rings the front's
-// scratch before and the fold's after. Then's storage must end before
-// First's barriers, which stay live from pass to pass, and Then's barriers,
-// written over First's staged buffer once First is done, must lie past the
-// rings the fold uses: so no barrier's memory is ever another's data (PTX
-// leaves an mbarrier's memory to mbarrier operations until mbarrier.inval).
-template <class First, class Then>
-constexpr bool moe_storages_fit() {
-  using S1 = sm90::SharedStorage<First>;
-  using S2 = sm90::SharedStorage<Then>;
-  if constexpr (std::is_same_v<First, Then>) {
-    return true;
-  } else {
-    return Then::kThreads == First::kThreads && Then::kBM == First::kBM && sizeof(S2) <= offsetof(S1, full) &&
-           offsetof(S2, full) >= offsetof(S1, c);
-  }
-}
-// The launch's dynamic shared memory for both.
-template <class First, class Then>
-constexpr size_t kMoeSmemBytes = sm90::SharedStorage<First>::kLaunchBytes > sm90::SharedStorage<Then>::kLaunchBytes
-                                     ? sm90::SharedStorage<First>::kLaunchBytes
-                                     : sm90::SharedStorage<Then>::kLaunchBytes;
 
 // kPeers: the instantiation launched at EP > 1; the EP = 1 one holds no peer
 // code (MoeLocalOps, kPeers).

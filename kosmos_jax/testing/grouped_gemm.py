@@ -13,11 +13,8 @@ expert-major, each expert's segment padded to TILE_ROWS rows (padding rows zero)
 
 tile_expert [M / TILE_ROWS] int32 is the expert of each 128-row tile; expert_rb [E + 1]
 int32 the experts' row-block bounds (expert e owns rows [128 rb[e], 128 rb[e + 1])). All
-operands bf16, fp32 accumulation rounded once; one CTA per SM. grouped_gemm(...,
-pingpong=True) runs on the engine the megakernel's GEMM2 runs on (the pingpong schedule:
-128x128 tiles, one per consumer warp group), else on GEMM1's (cooperative 128x256), with
-the same bits. Each has an XLA twin (*_xla) computing the same product, the check of the
-kernel's output.
+operands bf16, fp32 accumulation rounded once; no attributes (one CTA per SM). Each has
+an XLA twin (*_xla) computing the same product, the check of the kernel's output.
 """
 from __future__ import annotations
 
@@ -45,12 +42,7 @@ def _primitive(target: str, abstract) -> Primitive:
   return p
 
 
-grouped_gemm_p = Primitive(TARGET)
-grouped_gemm_p.def_abstract_eval(lambda a, b, te, *, pingpong: a.update(shape=(a.shape[0], b.shape[2])))
-mlir.register_lowering(
-    grouped_gemm_p,
-    lambda ctx, *args, pingpong: jax.ffi.ffi_lowering(TARGET)(ctx, *args, pingpong=np.int64(pingpong)),
-    platform="cuda")
+grouped_gemm_p = _primitive(TARGET, lambda a, b, te: a.update(shape=(a.shape[0], b.shape[2])))
 grouped_dgrad_p = _primitive(TARGETS[1], lambda a, b, te: a.update(shape=(a.shape[0], b.shape[1])))
 grouped_swiglu_bwd_p = _primitive(TARGETS[2], lambda dy, w2, h1, te: h1.update(shape=h1.shape))
 grouped_wgrad_p = _primitive(
@@ -100,13 +92,10 @@ def check(a, b, tile_expert) -> None:
                      f"{K_MULTIPLE}, M a multiple of {TILE_ROWS}, N of {N_MULTIPLE}, and one expert per tile")
 
 
-def grouped_gemm(a, b, tile_expert, *, pingpong: bool = False):
-  """c [M, N] = a @ b[tile_expert[tile]] per 128-row tile, in one launch (pingpong: on the
-  megakernel GEMM2's engine)."""
+def grouped_gemm(a, b, tile_expert):
+  """c [M, N] = a @ b[tile_expert[tile]] per 128-row tile, in one launch."""
   check(a, b, tile_expert)
-  if not _ext.has_target(TARGET, "cuda"):
-    raise NotImplementedError(f"{TARGET} is not compiled into this extension (CUDA build needed)")
-  return grouped_gemm_p.bind(a, b, tile_expert, pingpong=bool(pingpong))
+  return _bind(TARGET, grouped_gemm_p, a, b, tile_expert)
 
 
 def grouped_dgrad(a, b, tile_expert):

@@ -4,8 +4,6 @@ same products in XLA: balanced rows as the benchmark gives them, and ragged ones
 empty expert; widths that are not whole 256-column tiles (an expert's B rows then run
 into the next one's, and dgrad2's gate tile into the up columns, unless clipped); outputs
 poisoned before the launch (conftest)."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,17 +16,14 @@ pytestmark = pytest.mark.skipif(not gg.status()[0], reason=f"grouped GEMM unavai
 BF16 = jnp.bfloat16
 
 
-@pytest.mark.parametrize("pingpong", [False, True], ids=["cooperative", "pingpong"])
 @pytest.mark.parametrize("tiles", [None, (0, 0, 2, 3, 3, 3, 5)], ids=["balanced", "ragged"])
-def test_matches_xla(tiles, pingpong):
+def test_matches_xla(tiles):
   e, k, n = 6, 256, 384
   te = gg.balanced_tiles(200, e)[1] if tiles is None else np.asarray(tiles, np.int32)
   a = fresh((len(te) * gg.TILE_ROWS, k), BF16)
   b = fresh((e, k, n), BF16, k ** -0.5)
-  c = jax.jit(functools.partial(gg.grouped_gemm, pingpong=pingpong))(a, b, jnp.asarray(te))
+  c = jax.jit(gg.grouped_gemm)(a, b, jnp.asarray(te))
   assert_close(c, gg.grouped_gemm_xla(a, b, jnp.asarray(te)), BF16, what=f"grouped GEMM {tiles or 'balanced'}")
-  coop = jax.jit(gg.grouped_gemm)(a, b, jnp.asarray(te))
-  assert bool(jnp.all(c == coop)), "the two schedules sum each element in the same order: the same bits"
 
 
 def test_refuses_a_bad_shape():

@@ -48,16 +48,6 @@ struct Publisher {
     s.done_posts = n + 1;
     mbar_arrive(&s.done_full[slot]);
   }
-
-  // The visit'th post in `slot`. Pingpong consumers (tile_pingpong.cuh) post
-  // group g's tiles in slot g: their tiles alternate in claim order, and so do
-  // the slots the publisher reads.
-  static CUTE_DEVICE void post_in(S& s, uint32_t slot, uint32_t visit, gemm::TileCoord t, bool valid) {
-    mbar_wait(&s.done_empty[slot], (visit & 1u) ^ 1, "publisher slot free");
-    s.done[slot] = t;
-    s.done_valid[slot] = valid;
-    mbar_arrive(&s.done_full[slot]);
-  }
 };
 
 }  // namespace kosmos::sm90

@@ -19,18 +19,12 @@
 //
 // Each group stages its tile in its own buffer (Cfg::kStagedTiles) and one
 // of its threads stores it by TMA; that thread waits for its previous stores
-// to have read the buffer (with kTileDone hooks: to have landed) before the
-// group writes it again, and then hands that previous tile to the publisher
-// in the group's own slot (publisher.cuh post_in), so tiles are published in
-// claim order, one group-tile late. The group that draws the final, invalid
-// claim posts the end. Hooks that map rows leave tiles through their store
-// boxes (a weight gradient's experts); hooks that copy rows one by one or
-// stage their own epilogue are the cooperative schedule's (static_asserts
-// below).
+// to have read the buffer before the group writes it again. Hooks that
+// publish tiles, map rows or stage their own epilogue are the cooperative
+// schedule's (static_asserts below).
 #pragma once
 #include "gemm/sm90/barrier.cuh"
 #include "gemm/sm90/epilogue.cuh"
-#include "gemm/sm90/publisher.cuh"
 #include "gemm/sm90/staging.cuh"
 #include "gemm/sm90/tile_compute.cuh"
 #include "gemm/sm90/tile_config.cuh"
@@ -48,25 +42,15 @@ struct PingpongCompute {
   static constexpr int kStages = Cfg::kStages;
   static constexpr uint32_t kGroupThreads = 128, kTurnThreads = 2 * kGroupThreads;
   static_assert(Cfg::kPingpong && Cfg::kConsumerWGs == 2, "two groups taking turns");
-  using Pub = Publisher<Cfg, Hooks>;
-  static_assert((!Hooks::kMapsRows || gemm::store_boxes_v<Hooks>) && !gemm::traces_tiles_v<Hooks>,
-                "tiles that are copied out row by row or traced run on the cooperative schedule");
-
-  // This group's last tile, whose stores may still be in flight and which
-  // kTileDone hooks have not yet been handed to the publisher.
-  struct Pending {
-    gemm::TileCoord t{0, 0};
-    bool valid = false;
-    uint32_t posts = 0;  // this group's posts so far (its thread 0's count)
-  };
+  static_assert(!Hooks::kTileDone && !Hooks::kMapsRows && !gemm::traces_tiles_v<Hooks>,
+                "tiles that are published, row-mapped or traced run on the cooperative schedule");
 
   // Group g's thread gtid: the groups' claims in turn, until the invalid one.
   static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int g, int gtid) {
     Ring stages, mailbox;
     typename Cfg::TiledMma mma;
     auto thr = mma.get_thread_slice(gtid);
-    Pending last;
-    bool ends = false;  // this group drew the invalid claim
+    bool staged = false;  // this group's buffer was stored from, and may still be being read
     for (int j = 0;; ++j) {
       gemm::TileCoord t{0, 0};
       const bool ok = read_claim(s, mailbox, &t);
@@ -81,38 +65,13 @@ struct PingpongCompute {
       // Claim j - 1's group passes the turn after its mainloop, the invalid
       // claim's included, so every arrive is waited for once.
       if (j > 0) named_barrier(kTurnBarrier + g, kTurnThreads);
-      if (!ok) {
-        ends = true;
-        break;
-      }
-      compute_tile(p, s, stages, t, h, g, gtid, thr, last);
+      if (!ok) break;
+      compute_tile(p, s, stages, t, h, g, gtid, thr, staged);
+      staged = true;
     }
-    // The buffer is shared memory the kernel may reuse or leave with the
-    // stores still reading it, and the last tile is still to be published.
-    retire<true>(s, g, gtid, last);
-    if constexpr (Hooks::kTileDone) {
-      if (gtid == 0 && ends) Pub::post_in(s, g, last.posts, gemm::TileCoord{0, 0}, false);
-    }
-  }
-
-  // Group g, before its buffer is written again (or at exit): the previous
-  // tile's stores have read it (kTileDone, or at exit: have landed), and that
-  // tile goes to the publisher.
-  template <bool kExit>
-  static CUTE_DEVICE void retire(S& s, int g, int gtid, Pending& last) {
-    if (!last.valid) return;
-    if (gtid == 0) {
-      if constexpr (Hooks::kTileDone || kExit) {
-        bulk_wait_writes();
-      } else {
-        bulk_wait_reads();
-      }
-    }
+    // The buffer is shared memory the kernel may leave with the stores still reading it.
+    if (gtid == 0 && staged) bulk_wait_writes();
     named_barrier(kGroupBarrier + g, kGroupThreads);
-    if constexpr (Hooks::kTileDone) {
-      if (gtid == 0) Pub::post_in(s, g, last.posts++, last.t, true);
-    }
-    last.valid = false;
   }
 
   // Every consumer warp's lane 0 reads the slot and frees it (as the
@@ -131,7 +90,7 @@ struct PingpongCompute {
   // Group g: tile t's mainloop in its turn, then its epilogue under the other group's mainloop.
   template <class Thr>
   static CUTE_DEVICE void compute_tile(const P& p, S& s, Ring& stages, gemm::TileCoord t, Hooks& h, int g, int gtid,
-                                       const Thr& thr, Pending& last) {
+                                       const Thr& thr, bool staged) {
     Tensor acc = partition_fragment_C(typename Cfg::TiledMma{}, Shape<typename Cfg::BM, typename Cfg::BN>{});
     int a_k0 = 0, b_k0 = 0;
     const int kblocks = Loads::k_blocks(p, t, h, &a_k0, &b_k0);
@@ -141,21 +100,19 @@ struct PingpongCompute {
       if (k == n - 1) named_barrier_arrive(other_turn, kTurnThreads);
     });
     if (kblocks == 0) named_barrier_arrive(other_turn, kTurnThreads);
-    retire<false>(s, g, gtid, last);
-    last.t = t, last.valid = true;
     if (!smem_epilogue(p)) {
       store_tile<Cfg, OutT>(p, thr, acc, t, h);
       return;
+    }
+    if (staged) {
+      if (gtid == 0) bulk_wait_reads();
+      named_barrier(kGroupBarrier + g, kGroupThreads);  // the previous tile's stores have read the buffer
     }
     stage_tile<Cfg, OutT, true>(s, thr, acc, g);
     smem_to_async_proxy_fence();
     named_barrier(kGroupBarrier + g, kGroupThreads);  // the whole tile is staged
     if (gtid == 0) {
-      if constexpr (Hooks::kMapsRows) {
-        store_boxes<Cfg>(s, h.store_box(t), 0, g);
-      } else {
-        store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN}, 0, g);
-      }
+      store_boxes<Cfg>(s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN}, 0, g);
       bulk_commit();
     }
   }
