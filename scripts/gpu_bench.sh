@@ -142,7 +142,7 @@ bench_engine() {
   timeout 180 "$build/gemm_bench" check 2>&1 | tee "$OUT/check.log"
   local check_rc=${PIPESTATUS[0]}
   # The MoE expert GEMMs on every preset's balanced rows (the MoE benchmark's floor) and the
-  # backward's weight gradients, each on the cooperative and the pingpong schedule.
+  # backward's dgrads and weight gradients.
   [ "${GROUPED:-0}" = 1 ] && timeout $(( $(left) - 10 )) "$build/gemm_bench" bench-grouped 2>&1 | tee "$OUT/grouped.log"
   [ "$shapes" = none ] && exit $check_rc
   # Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.

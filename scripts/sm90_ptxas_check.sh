@@ -16,7 +16,7 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 # The library's TUs (moe_bwd_sm90: the backward's expert GEMMs), and the MoE
 # expert GEMMs' standalone check (the grouped GEMM, GEMM1 with its SwiGLU, the
-# weight gradient; each grouped GEMM on the cooperative and the pingpong schedule).
+# backward's dgrad and weight gradient).
 TUS=(ag_tn_sm90 tn_rs_sm90 matmul_sm90_tn bulk_ag_nn_sm90 bulk_rs_nt_sm90 moe_fwd_sm90 moe_bwd_sm90 grouped grouped_bwd)
 src() { case "$1" in grouped*) echo "$ROOT/benchmarks/gemm_standalone/$1.cu" ;; *) echo "$ROOT/csrc/$1.cu" ;; esac; }
 for tu in "${TUS[@]}"; do  # the same flags as CMakeLists.txt's kosmos_sm90 library

@@ -8,7 +8,7 @@ so a refactor that keeps them is a refactor, not a change to measure.
 
   python3 scripts/sm90_text_hashes.py [--tus ag_tn_sm90,...] [--jobs N] > hashes.txt
   diff before.txt after.txt
-  python3 scripts/sm90_text_hashes.py --against /path/to/other/checkout [--rename NEW=OLD]
+  python3 scripts/sm90_text_hashes.py --against /path/to/other/checkout
 
 --against compiles the other tree too and classifies each kernel: identical,
 "const offsets" (every differing instruction is a constant load, LDC/ULDC, whose
@@ -84,11 +84,7 @@ def main() -> int:
   ap.add_argument("--tus", default=",".join(TUS), help="comma-separated csrc/<tu>.cu names")
   ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
   ap.add_argument("--against", help="another checkout to compare each kernel's code with")
-  ap.add_argument("--rename", action="append", default=[], metavar="NEW=OLD",
-                  help="with --against: a mangled-name fragment of this tree that the other spells OLD "
-                       "(a template gained a defaulted argument), replaced before the lookup; repeatable")
   args = ap.parse_args()
-  renames = [r.split("=", 1) for r in args.rename]
   import cutlass_library  # noqa: PLC0415 (only this script needs it)
   cute = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
   tus = [t for t in args.tus.split(",") if t]
@@ -103,10 +99,7 @@ def main() -> int:
       for sec, code in sorted(text_sections(cubins[tu]).items()):
         line = f"{tu} {sec[len('.text.'):]} {len(code)} {hashlib.sha256(code).hexdigest()[:16]}"
         if args.against:
-          old = sec
-          for frm, to in renames:
-            old = old.replace(frm, to)
-          verdict = classify(code, ref[old]) if old in ref else "new kernel"
+          verdict = classify(code, ref[sec]) if sec in ref else "new kernel"
           worst = max(worst, 0 if verdict == "identical" else 1 if verdict == "const offsets" else 2)
           line += f" {verdict}"
         print(line)

@@ -16,26 +16,19 @@ namespace bench {
 namespace {
 
 using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;  // ops.matmul's 128x256
-// The pingpong schedule (kernels/gemm/sm90/tile_pingpong.cuh), a 128x128 tile per
-// consumer warp group: checked and timed beside the cooperative one, which the
-// library's launches use until the pingpong one is measured to win.
-using PingpongCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 128, 4, true, true>;
 
 struct GroupedCase {
   std::vector<int> rows;  // real rows per expert (each padded to 128)
   int N, K, grid;
 };
 
-template <class Cfg>
 Guarded run_grouped(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* tile_expert, int M, int N, int K, int E,
                     int grid, cudaStream_t s) {
   return poisoned_run((size_t)M * N * 2, s, [&](void* c) {
-    return kosmos::moe::grouped_gemm_launch<Cfg>(a, b, c, tile_expert, M, N, K, E, grid, s);
+    return kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c, tile_expert, M, N, K, E, grid, s);
   });
 }
 
-// Both schedules on one case (check_schedule: the pingpong output must also
-// equal the cooperative one bit for bit).
 bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
   const int E = (int)gc.rows.size(), N = gc.N, K = gc.K;
   std::vector<int> start(E + 1, 0), tile_expert;
@@ -62,18 +55,10 @@ bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
                       kosmos::gemm::Problem{a + (size_t)start[e] * K, b + (size_t)e * K * N, ref + (size_t)start[e] * N,
                                             start[e + 1] - start[e], N, K},
                       0, s));
-  std::vector<uint8_t> coop;
-  bool pass = true;
-  for (const bool pingpong : {false, true}) {
-    char label[160];
-    snprintf(label, sizeof label, "grouped TN %s E=%3d M=%6d N=%5d K=%5d grid=%4d",
-             pingpong ? "pingpong 128x128   " : "cooperative 128x256", E, M, N, K, gc.grid);
-    auto run = [&] {
-      return pingpong ? run_grouped<PingpongCfg>(a, b, te, M, N, K, E, gc.grid, s)
-                      : run_grouped<GroupedCfg>(a, b, te, M, N, K, E, gc.grid, s);
-    };
-    pass = check_schedule(run, ref, (size_t)M * N, &coop, label, s) && pass;
-  }
+  char label[160];
+  snprintf(label, sizeof label, "grouped TN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d", E, M, N, K, gc.grid);
+  const bool pass =
+      check_grouped_output([&] { return run_grouped(a, b, te, M, N, K, E, gc.grid, s); }, ref, (size_t)M * N, label, s);
   CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(ref)); CK(cudaFree(te));
   return pass;
 }
@@ -206,9 +191,8 @@ int check_grouped(cudaStream_t s) {
       {{257, 513, 0, 64}, 512, 2048, 1},        // one CTA does every tile
       {{0, 0, 0}, 256, 128, 0},                 // no rows at all: nothing to do
       {{640, 640, 640, 640}, 1536, 768, 0},     // balanced, Qwen3-30B-A3B's I = 768 as K
-      {{100}, 128, 640, 0},                     // one tile: the second warp group never has one
-      {{384, 0, 256}, 384, 1024, 1},            // one CTA, 15 pingpong tiles: group 1 draws the end
-      {{128, 256}, 640, 64, 2},                 // one k-block a tile; 8 and 7 tiles: either group draws the end
+      {{100}, 128, 640, 0},                     // one tile on the whole grid
+      {{128, 256}, 640, 64, 2},                 // one k-block a tile, two CTAs
   };
   int fails = 0;
   for (const auto& c : cases) fails += !check_one(c, ++seed, s);
@@ -242,9 +226,8 @@ int bench_grouped(cudaStream_t s) {
                             {"Llama4-Maverick", 128, 1, 5120, 8192, 8192}};
   const int t = 8192;
   // One GEMM's median ms: a [M, K] @ b [E, K, N] with each expert's rows in `per` padded rows
-  // (kSwiglu: GEMM1 with its SwiGLU, c = h [M, N / 2]; kPingpong: on the pingpong schedule).
-  enum Kind { kPlain, kSwiglu, kPingpong };
-  auto time_gemm = [&](int E, int per, int N, int K, Kind kind = kPlain) {
+  // (swiglu: GEMM1 with its SwiGLU, c = h [M, N / 2]).
+  auto time_gemm = [&](int E, int per, int N, int K, bool swiglu = false) {
     const int M = E * per;
     __nv_bfloat16 *a, *b, *c;
     int* te;
@@ -256,10 +239,8 @@ int bench_grouped(cudaStream_t s) {
     fill_random<<<1024, 256, 0, s>>>(a, (size_t)M * K, 11);
     fill_random<<<1024, 256, 0, s>>>(b, (size_t)E * K * N, 12);
     auto call = [&] {
-      if (kind == kSwiglu) {
+      if (swiglu) {
         CK(kosmos::moe::swiglu_gemm_launch<GroupedCfg>(a, b, c, te, M, N / 2, K, E, 0, s));
-      } else if (kind == kPingpong) {
-        CK(kosmos::moe::grouped_gemm_launch<PingpongCfg>(a, b, c, te, M, N, K, E, 0, s));
       } else {
         CK(kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c, te, M, N, K, E, 0, s));
       }
@@ -269,21 +250,18 @@ int bench_grouped(cudaStream_t s) {
     return ms;
   };
   // GEMM1+SwiGLU: the same GEMM1 with the SwiGLU fused (h [M, I] out instead of [M, 2I]);
-  // the TFLOP/s columns count the plain GEMM1. pp: the same GEMM on the pingpong schedule,
-  // and in brackets its time over the cooperative one's.
-  printf("| preset | rows/expert (padded) | GEMM1 ms | GEMM1 pp ms | GEMM1+SwiGLU ms | GEMM2 ms | GEMM2 pp ms | "
-         "routed TFLOP/s | shared ms | all TFLOP/s |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  // the TFLOP/s columns count the plain GEMM1.
+  printf("| preset | rows/expert (padded) | GEMM1 ms | GEMM1+SwiGLU ms | GEMM2 ms | routed TFLOP/s | shared ms | "
+         "all TFLOP/s |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Preset& p : presets) {
     const int rows = t * p.k / p.E, per = (rows + 127) / 128 * 128;
     const double g1 = time_gemm(p.E, per, 2 * p.I, p.H), g2 = time_gemm(p.E, per, p.H, p.I);
-    const double g1p = time_gemm(p.E, per, 2 * p.I, p.H, kPingpong), g2p = time_gemm(p.E, per, p.H, p.I, kPingpong);
-    const double g1s = time_gemm(p.E, per, 2 * p.I, p.H, kSwiglu);
+    const double g1s = time_gemm(p.E, per, 2 * p.I, p.H, true);
     const double sh = p.Is ? time_gemm(1, t, 2 * p.Is, p.H) + time_gemm(1, t, p.H, p.Is) : 0.0;
     const double routed = 2.0 * t * p.k * 3.0 * p.H * p.I, shared = 2.0 * t * 3.0 * p.H * p.Is;
-    printf("| %s | %d (%d) | %.3f | %.3f (%.3f) | %.3f | %.3f | %.3f (%.3f) | %.0f | %.3f | %.0f |\n", p.name, rows,
-           per, g1, g1p, g1p / g1, g1s, g2, g2p, g2p / g2, routed / (g1 + g2) * 1e-9, sh,
-           (routed + shared) / (g1 + g2 + sh) * 1e-9);
+    printf("| %s | %d (%d) | %.3f | %.3f | %.3f | %.0f | %.3f | %.0f |\n", p.name, rows, per, g1, g1s, g2,
+           routed / (g1 + g2) * 1e-9, sh, (routed + shared) / (g1 + g2 + sh) * 1e-9);
     fflush(stdout);
   }
   return 0;

@@ -1,14 +1,12 @@
 // The MoE backward's grouped GEMMs (kernels/moe/grouped_bwd_sm90.cuh): the
 // dgrad (grouped_dgrad_launch: C = A @ B[e]^T, dgrad1's dX rows = dh1 @ W1^T)
 // and the weight gradient (grouped_wgrad_launch: dW[e] = a[rows of e]^T @
-// b[rows of e], K = the expert's rows), each on the cooperative schedule the
-// library runs and on the pingpong one (kernels/gemm/sm90/tile_pingpong.cuh),
-// which only this driver runs until it is measured to win. The checks: the
-// portable oracle expert by expert, fresh random inputs, empty experts (a
-// wgrad's dW zeros: no k-block at all), poisoned guarded outputs, two runs
-// bitwise equal, both schedules the same bits, grids of one and two CTAs. The
-// benchmark: every preset's dgrad1, dgrad2 (without its SwiGLU backward),
-// wgrad1 and wgrad2 on balanced rows, both schedules.
+// b[rows of e], K = the expert's rows), on the library's configurations. The
+// checks: the portable oracle expert by expert, fresh random inputs, empty
+// experts (a wgrad's dW zeros: no k-block at all), poisoned guarded outputs,
+// two runs bitwise equal, grids of one and two CTAs. The benchmark: every
+// preset's dgrad1, dgrad2 (without its SwiGLU backward), wgrad1 and wgrad2 on
+// balanced rows.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -22,10 +20,7 @@ namespace {
 
 using kosmos::gemm::Layout;
 using DgradCfg = kosmos::sm90::TileConfig<Layout::NN, 128, 256, 3>;  // the library's (csrc/moe_bwd_sm90.cu)
-using DgradPingpongCfg = kosmos::sm90::TileConfig<Layout::NN, 128, 128, 4, true, true>;
 using WgradCfg = kosmos::sm90::TileConfig<Layout::NT, 128, 256, 3>;  // the library's
-using WgradPingpongCfg = kosmos::sm90::TileConfig<Layout::NT, 128, 128, 4, true, true>;
-const char* schedule_name(bool pingpong) { return pingpong ? "pingpong 128x128   " : "cooperative 128x256"; }
 
 // Experts' row-block bounds [E + 1] of `rows` real rows each, padded to 128.
 std::vector<int> row_blocks(const std::vector<int>& rows) {
@@ -34,11 +29,10 @@ std::vector<int> row_blocks(const std::vector<int>& rows) {
   return rb;
 }
 
-template <class Cfg>
 Guarded run_wgrad(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* rb, int R, int P, int Q, int E, int grid,
                   cudaStream_t s) {
   return poisoned_run((size_t)E * P * Q * 2, s, [&](void* c) {
-    return kosmos::moe::grouped_wgrad_launch<Cfg>(a, b, c, rb, R, P, Q, E, grid, s);
+    return kosmos::moe::grouped_wgrad_launch<WgradCfg>(a, b, c, rb, R, P, Q, E, grid, s);
   });
 }
 
@@ -68,28 +62,19 @@ bool check_wgrad(const WgradCase& wc, uint64_t seed, cudaStream_t s) {
                       kosmos::gemm::Problem{a + (size_t)rb[e] * 128 * P, b + (size_t)rb[e] * 128 * Q,
                                             ref + (size_t)e * P * Q, P, Q, (rb[e + 1] - rb[e]) * 128},
                       0, s));
-  std::vector<uint8_t> coop;
-  bool pass = true;
-  for (const bool pingpong : {false, true}) {
-    char label[160];
-    snprintf(label, sizeof label, "wgrad NT %s E=%3d R=%6d P=%5d Q=%5d grid=%4d", schedule_name(pingpong), E, R, P, Q,
-             wc.grid);
-    auto run = [&] {
-      return pingpong ? run_wgrad<WgradPingpongCfg>(a, b, drb, R, P, Q, E, wc.grid, s)
-                      : run_wgrad<WgradCfg>(a, b, drb, R, P, Q, E, wc.grid, s);
-    };
-    pass = check_schedule(run, ref, (size_t)E * P * Q, &coop, label, s) && pass;
-  }
+  char label[160];
+  snprintf(label, sizeof label, "wgrad NT 128x256 E=%3d R=%6d P=%5d Q=%5d grid=%4d", E, R, P, Q, wc.grid);
+  const bool pass = check_grouped_output([&] { return run_wgrad(a, b, drb, R, P, Q, E, wc.grid, s); }, ref,
+                                         (size_t)E * P * Q, label, s);
   CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(ref)); CK(cudaFree(drb));
   return pass;
 }
 
 
-template <class Cfg>
 Guarded run_dgrad(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* te, int M, int N, int K, int E, int grid,
                   cudaStream_t s) {
   return poisoned_run((size_t)M * N * 2, s, [&](void* c) {
-    return kosmos::moe::grouped_dgrad_launch<Cfg>(a, b, c, te, M, N, K, E, grid, s);
+    return kosmos::moe::grouped_dgrad_launch<DgradCfg>(a, b, c, te, M, N, K, E, grid, s);
   });
 }
 
@@ -121,18 +106,10 @@ bool check_dgrad(const DgradCase& dc, uint64_t seed, cudaStream_t s) {
                       kosmos::gemm::Problem{a + (size_t)rb[e] * 128 * K, b + (size_t)e * N * K, ref + (size_t)rb[e] * 128 * N,
                                             (rb[e + 1] - rb[e]) * 128, N, K},
                       0, s));
-  std::vector<uint8_t> coop;
-  bool pass = true;
-  for (const bool pingpong : {false, true}) {
-    char label[160];
-    snprintf(label, sizeof label, "dgrad NN %s E=%3d M=%6d N=%5d K=%5d grid=%4d", schedule_name(pingpong), E, M, N, K,
-             dc.grid);
-    auto run = [&] {
-      return pingpong ? run_dgrad<DgradPingpongCfg>(a, b, te, M, N, K, E, dc.grid, s)
-                      : run_dgrad<DgradCfg>(a, b, te, M, N, K, E, dc.grid, s);
-    };
-    pass = check_schedule(run, ref, (size_t)M * N, &coop, label, s) && pass;
-  }
+  char label[160];
+  snprintf(label, sizeof label, "dgrad NN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d", E, M, N, K, dc.grid);
+  const bool pass =
+      check_grouped_output([&] { return run_dgrad(a, b, te, M, N, K, E, dc.grid, s); }, ref, (size_t)M * N, label, s);
   CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(ref)); CK(cudaFree(te));
   return pass;
 }
@@ -149,7 +126,7 @@ int check_grouped_bwd(cudaStream_t s) {
   const std::vector<WgradCase> cases = {
       {{300, 0, 128, 45}, 256, 776, 0},   // an empty expert: its dW tiles have no k-block
       {{512, 512, 512}, 768, 2048, 0},    // Qwen3-30B-A3B's wgrad2 shape (P = I, Q = H), 3 experts
-      {{257, 0, 1000}, 384, 512, 1},      // one CTA: the groups alternate over tiles of 3, 0 and 8 k-blocks
+      {{257, 0, 1000}, 384, 512, 1},      // one CTA: tiles of 3, 0 and 8 k-blocks
       {{0, 130}, 128, 640, 2},            // tiles with and without k-blocks on two CTAs
       {{0, 0}, 256, 256, 0},              // no rows at all: every dW is zeros
   };
@@ -165,7 +142,7 @@ int check_grouped_bwd(cudaStream_t s) {
 // dY @ W2[e]^T (K = H, its SwiGLU backward not included), dgrad1 dX [R, H] =
 // dh [R, 2I] @ W1[e]^T (K = 2I), wgrad1 dW1 [E, H, 2I] = x^T @ dh and wgrad2 dW2
 // [E, I, H] = h^T @ dY (K = the expert's rows). Median of 20 calls after 3, CUDA
-// events; each pingpong time over the cooperative one's in brackets.
+// events.
 int bench_grouped_bwd(cudaStream_t s) {
   struct Preset {
     const char* name;
@@ -175,7 +152,7 @@ int bench_grouped_bwd(cudaStream_t s) {
                             {"DeepSeek-V3", 256, 8, 7168, 2048}, {"Llama4-Scout", 16, 1, 5120, 8192}};
   const int t = 8192;
   // c [R, N] = a [R, K] @ b[e]^T, b [E, N, K]
-  auto time_dgrad = [&](int E, int per, int N, int K, bool pingpong) {
+  auto time_dgrad = [&](int E, int per, int N, int K) {
     const std::vector<int> rb = row_blocks(std::vector<int>(E, per));
     const int M = rb[E] * 128;
     std::vector<int> tile_expert;
@@ -187,16 +164,13 @@ int bench_grouped_bwd(cudaStream_t s) {
     CK(cudaMemcpy(te, tile_expert.data(), tile_expert.size() * sizeof(int), cudaMemcpyHostToDevice));
     fill_random<<<1024, 256, 0, s>>>(a, (size_t)M * K, 23);
     fill_random<<<1024, 256, 0, s>>>(b, (size_t)E * N * K, 24);
-    auto call = [&] {
-      if (pingpong) CK(kosmos::moe::grouped_dgrad_launch<DgradPingpongCfg>(a, b, c, te, M, N, K, E, 0, s));
-      else CK(kosmos::moe::grouped_dgrad_launch<DgradCfg>(a, b, c, te, M, N, K, E, 0, s));
-    };
+    auto call = [&] { CK(kosmos::moe::grouped_dgrad_launch<DgradCfg>(a, b, c, te, M, N, K, E, 0, s)); };
     const double ms = median_ms(s, call);
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(c)); CK(cudaFree(te));
     return ms;
   };
   // c [E, P, Q], c[e] = a[rows of e]^T @ b[rows of e]
-  auto time_wgrad = [&](int E, int per, int P, int Q, bool pingpong) {
+  auto time_wgrad = [&](int E, int per, int P, int Q) {
     const std::vector<int> rb = row_blocks(std::vector<int>(E, per));
     const int R = rb[E] * 128;
     __nv_bfloat16 *a, *b, *c;
@@ -206,32 +180,21 @@ int bench_grouped_bwd(cudaStream_t s) {
     CK(cudaMemcpy(drb, rb.data(), rb.size() * sizeof(int), cudaMemcpyHostToDevice));
     fill_random<<<1024, 256, 0, s>>>(a, (size_t)R * P, 21);
     fill_random<<<1024, 256, 0, s>>>(b, (size_t)R * Q, 22);
-    auto call = [&] {
-      if (pingpong) CK(kosmos::moe::grouped_wgrad_launch<WgradPingpongCfg>(a, b, c, drb, R, P, Q, E, 0, s));
-      else CK(kosmos::moe::grouped_wgrad_launch<WgradCfg>(a, b, c, drb, R, P, Q, E, 0, s));
-    };
+    auto call = [&] { CK(kosmos::moe::grouped_wgrad_launch<WgradCfg>(a, b, c, drb, R, P, Q, E, 0, s)); };
     const double ms = median_ms(s, call);
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(c)); CK(cudaFree(drb));
     return ms;
   };
-  printf("| preset | rows/expert | dgrad2 ms | dgrad2 pp ms | dgrad1 ms | dgrad1 pp ms | wgrad1 ms | wgrad1 pp ms | "
-         "wgrad2 ms | wgrad2 pp ms | TFLOP/s | pp TFLOP/s |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  printf("| preset | rows/expert | dgrad2 ms | dgrad1 ms | wgrad1 ms | wgrad2 ms | TFLOP/s |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Preset& p : presets) {
     const int per = t * p.k / p.E;
-    double ms[4][2];
-    for (const bool pp : {false, true}) {
-      ms[0][pp] = time_dgrad(p.E, per, p.I, p.H, pp);
-      ms[1][pp] = time_dgrad(p.E, per, p.H, 2 * p.I, pp);
-      ms[2][pp] = time_wgrad(p.E, per, p.H, 2 * p.I, pp);
-      ms[3][pp] = time_wgrad(p.E, per, p.I, p.H, pp);
-    }
+    const double ms[4] = {time_dgrad(p.E, per, p.I, p.H), time_dgrad(p.E, per, p.H, 2 * p.I),
+                          time_wgrad(p.E, per, p.H, 2 * p.I), time_wgrad(p.E, per, p.I, p.H)};
     // dgrad2 (t k H I, without the SwiGLU backward) + dgrad1 (2 t k H I) + both wgrads (3 t k H I), times 2
     const double flops = 2.0 * t * p.k * 6.0 * p.H * p.I;
-    printf("| %s | %d |", p.name, per);
-    for (auto& m : ms) printf(" %.3f | %.3f (%.3f) |", m[0], m[1], m[1] / m[0]);
-    printf(" %.0f | %.0f |\n", flops / (ms[0][0] + ms[1][0] + ms[2][0] + ms[3][0]) * 1e-9,
-           flops / (ms[0][1] + ms[1][1] + ms[2][1] + ms[3][1]) * 1e-9);
+    printf("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.0f |\n", p.name, per, ms[0], ms[1], ms[2], ms[3],
+           flops / (ms[0] + ms[1] + ms[2] + ms[3]) * 1e-9);
     fflush(stdout);
   }
   return 0;

@@ -4,7 +4,7 @@
 // of the tile, and the MoE expert GEMMs (grouped.cu, grouped_bwd.cu); `bench FILE [all-tiles]` times it against
 // cuBLAS on the shapes in FILE (lines "name layout M N K", engine terms: C[M,N], contraction K);
 // `bench-grouped` times the MoE expert GEMMs on the presets (the MoE floor) and the
-// backward's dgrads and weight gradients, each on the cooperative and the pingpong schedule.
+// backward's dgrads and weight gradients.
 #include <cublas_v2.h>
 
 #include <algorithm>

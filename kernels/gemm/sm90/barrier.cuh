@@ -110,9 +110,6 @@ KOSMOS_DEVICE void regs_alloc() {
 // Named barrier ids of the tile engine (0 is __syncthreads'): its consumer
 // warp groups alone, and the whole CTA as the producer takes registers back.
 constexpr uint32_t kConsumerBarrier = 1, kRegsBackBarrier = 2;
-// Pingpong (gemm/sm90/tile_pingpong.cuh): group g's own 128 threads
-// (kGroupBarrier + g), and group g's turn at the tensor cores (kTurnBarrier + g).
-constexpr uint32_t kGroupBarrier = 3, kTurnBarrier = 5;
 
 // Position in a ring of n slots (stages, mailboxes) and the phase parity of
 // the slot's mbarrier.
@@ -121,12 +118,6 @@ struct Ring {
   uint32_t phase = 0;
   KOSMOS_DEVICE void advance(int n) {
     if (++slot == n) slot = 0, phase ^= 1;
-  }
-  // advance(n), `count` times.
-  KOSMOS_DEVICE void skip(int n, int count) {
-    const int to = slot + count;
-    slot = to % n;
-    phase ^= uint32_t(to / n) & 1u;
   }
 };
 

@@ -33,12 +33,6 @@ CUTE_DEVICE OutT* out_row(const Params<Cfg>& p, Hooks& h, gemm::TileCoord t, int
   }
 }
 
-// The 64-row wgmma atoms one consumer thread's accumulators span down the
-// tile: one where two warp groups split the rows, kBM / 64 for a pingpong
-// group's whole tile. Each atom's fragment is laid out alike (below).
-template <class Acc>
-constexpr int kAccAtoms = decltype(size<1>(Acc{}))::value;
-
 // thr: this consumer thread's slice of the TiledMma; acc: its accumulators of
 // tile t. In a wgmma accumulator fragment, values 2i and 2i+1 are adjacent
 // columns of one row, so each thread writes 2-element vectors (a mapped row
@@ -51,24 +45,21 @@ CUTE_DEVICE void store_tile(const Params<Cfg>& p, const Thr& thr, const Acc& acc
   // A consumer thread's fragment of a 64xBN wgmma accumulator holds two rows,
   // r and r + 8, alternating every element pair (accumulator index = column
   // pair + 2 * row half + 4 * column group), so each row is mapped once per
-  // atom and the unrolled loop picks its pointer by a compile-time index.
-  static_assert(decltype(size<2>(acc))::value == 1, "one wgmma atom across the tile's columns");
+  // tile and the unrolled loop picks its pointer by a compile-time index.
+  static_assert(decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1,
+                "one wgmma atom per consumer warp group and tile");
+  OutT* const rows[2] = {out_row<OutT>(p, h, t, m0 + get<0>(coord(0))), out_row<OutT>(p, h, t, m0 + get<0>(coord(2)))};
   CUTE_UNROLL
-  for (int a = 0; a < kAccAtoms<Acc>; ++a) {
-    OutT* const rows[2] = {out_row<OutT>(p, h, t, m0 + get<0>(coord(0, a, 0))),
-                           out_row<OutT>(p, h, t, m0 + get<0>(coord(2, a, 0)))};
-    CUTE_UNROLL
-    for (int i = 0; i < Cfg::kBN / 2; i += 2) {
-      const int c = n0 + get<1>(coord(i, a, 0));
-      OutT* const row = rows[(i >> 1) & 1];
-      if (row == nullptr) continue;
-      if (vec && c + 1 < p.N) {
-        gemm::store_f32x2(row + c, acc(i, a, 0), acc(i + 1, a, 0));
-      } else {
-        const int c1 = n0 + get<1>(coord(i + 1, a, 0));
-        if (c < p.N) gemm::store_f32(row + c, acc(i, a, 0));
-        if (c1 < p.N) gemm::store_f32(row + c1, acc(i + 1, a, 0));
-      }
+  for (int i = 0; i < size(acc); i += 2) {
+    const int c = n0 + get<1>(coord(i));
+    OutT* const row = rows[(i >> 1) & 1];
+    if (row == nullptr) continue;
+    if (vec && c + 1 < p.N) {
+      gemm::store_f32x2(row + c, acc(i), acc(i + 1));
+    } else {
+      const int c1 = n0 + get<1>(coord(i + 1));
+      if (c < p.N) gemm::store_f32(row + c, acc(i));
+      if (c1 < p.N) gemm::store_f32(row + c1, acc(i + 1));
     }
   }
 }
@@ -166,43 +157,37 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
 // (a combine term the fold prefetched, tp/rs_fold_sm90.cuh), and each element
 // becomes the two-term sum (add_bf16x2): ldmatrix reads it back in the
 // fragment's own order, so the sum costs one shared load per store.
-// buf: which staged tile of s.c (a pingpong group's own, Cfg::kStagedTiles).
 template <class Cfg, class OutT, bool kBoxes, bool kAddStaged = false, class Thr, class Acc>
-CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int buf = 0) {
+CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
-  static_assert(decltype(size(acc))::value == kAccAtoms<Acc> * Cfg::kBN / 2,
-                "64xBN wgmma accumulators, one a 64-row atom of the tile");
+  static_assert(decltype(size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
+  const int rw = get<0>(coord(0)) & ~15;  // the warp's first row
   // 32-bit shared addresses: generic 64-bit pointers here cost ptxas ~60
   // registers it did not have beside the accumulators (spills).
-  const uint32_t base = smem_u32(s.c) + uint32_t(buf * Cfg::kStagedTileElems * 2);
+  const uint32_t lane_at = smem_u32(s.c) + stmatrix_lane_offset<Cfg, kBoxes>(rw, int(threadIdx.x % 32));
   // kAddStaged reads kAddBatch steps' matrices before it adds and stores them:
   // one shared-memory round trip per batch, not per step (each asm is volatile
   // with a memory clobber, so they keep their order).
   constexpr int kSteps = Cfg::kBN / 16, kAddBatch = 4;
   static_assert(kSteps % kAddBatch == 0, "whole batches of steps");
   CUTE_UNROLL
-  for (int a = 0; a < kAccAtoms<Acc>; ++a) {
-    const int rw = get<0>(coord(0, a, 0)) & ~15;  // the warp's first row in this atom
-    const uint32_t lane_at = base + stmatrix_lane_offset<Cfg, kBoxes>(rw, int(threadIdx.x % 32));
-    CUTE_UNROLL
-    for (int q0 = 0; q0 < kSteps; q0 += kAddBatch) {
-      uint32_t other[kAddBatch][4];
-      if constexpr (kAddStaged) {
-        CUTE_UNROLL
-        for (int u = 0; u < kAddBatch; ++u) ldmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q0 + u), other[u]);
-      }
+  for (int q0 = 0; q0 < kSteps; q0 += kAddBatch) {
+    uint32_t other[kAddBatch][4];
+    if constexpr (kAddStaged) {
       CUTE_UNROLL
-      for (int u = 0; u < kAddBatch; ++u) {
-        const int q = q0 + u;
-        uint32_t r[4];
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          r[j] = pack_bf16x2(acc(8 * q + 2 * j, a, 0), acc(8 * q + 2 * j + 1, a, 0));
-          if constexpr (kAddStaged) r[j] = add_bf16x2(r[j], other[u][j]);
-        }
-        stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
+      for (int u = 0; u < kAddBatch; ++u) ldmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q0 + u), other[u]);
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kAddBatch; ++u) {
+      const int q = q0 + u;
+      uint32_t r[4];
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
+        if constexpr (kAddStaged) r[j] = add_bf16x2(r[j], other[u][j]);
       }
+      stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
     }
   }
 }
@@ -219,14 +204,13 @@ struct StoreBox {
 // One consumer thread: issues the TMA stores of the staged boxes (kBoxes
 // layout, made visible to the async proxy and complete before this) in this
 // thread's bulk group; the caller commits it. kCols: the staged columns
-// stored, kCols / 64 boxes from staged box `first` of staged tile `buf`.
+// stored, kCols / 64 boxes from staged box `first`.
 template <class Cfg, int kCols = Cfg::kBN, class TmaC>
-CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b, int first = 0, int buf = 0) {
+CUTE_DEVICE void store_boxes(SharedStorage<Cfg>& s, const StoreBox<TmaC>& b, int first = 0) {
   static_assert(kCols % Cfg::kOutBoxCols == 0 && kCols <= Cfg::kBN, "whole boxes of the staged tile");
   using Box = Shape<typename Cfg::BM, Int<Cfg::kOutBoxCols>>;
   Tensor g = local_tile(b.map->get_tma_tensor(make_shape(b.rows, b.cols)), Box{}, make_coord(b.tile_row, _));
-  Tensor sc = make_tensor(make_smem_ptr(reinterpret_cast<bf16*>(s.c) + buf * Cfg::kStagedTileElems),
-                          typename Cfg::OutTile{});  // (kBM, 64, box)
+  Tensor sc = make_tensor(make_smem_ptr(reinterpret_cast<bf16*>(s.c)), typename Cfg::OutTile{});  // (kBM, 64, box)
   auto [tg, ts] = tma_partition(*b.map, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sc), group_modes<0, 2>(g));
   CUTE_UNROLL
   for (int j = 0; j < kCols / Cfg::kOutBoxCols; ++j) copy(*b.map, ts(_, first + j), tg(_, b.col0 / Cfg::kOutBoxCols + j));

@@ -51,21 +51,13 @@ struct RingIfWhole<Mj, Rows, BK, Stages, false> {
 // so a 128x256 tile gives each a 64x256 fp32 accumulator (128 registers per
 // thread); one producer warp group issues TMA.
 //
-// Pingpong_ (gemm/sm90/tile_pingpong.cuh): each consumer warp group computes
-// whole tiles of its own instead, alternate claims, their mainloops taking
-// turns so one group's epilogue runs under the other's mainloop; a 128x128
-// tile is then again a 128-register accumulator, and each group stages its
-// tile in a buffer of its own. Where K is short the epilogue is a large share
-// of a tile's time: CUTLASS's sm90 pingpong ran the experts' short-K GEMMs at
-// 1.13-1.46x its cooperative 128x256 (benchmarks/RESULTS.md, the probe).
-//
 // SmemEpi: the epilogue stages a 16-bit output tile in shared memory and
 // copies it out asynchronously (epilogue.cuh), so the tensor cores start the
 // next tile at once. Its buffer (kBM x kEpiPitch) costs one 128x256 operand
 // stage: 3 stages + the buffer fill ~211 KB of the 227 KB. Without it the
 // consumers store from registers (needed for fp32 outputs: their tile would
 // not fit beside the ring).
-template <gemm::Layout L, int BM_, int BN_, int Stages_, bool SmemEpi_ = true, bool Pingpong_ = false>
+template <gemm::Layout L, int BM_, int BN_, int Stages_, bool SmemEpi_ = true>
 struct TileConfig {
   static constexpr gemm::Layout kLayout = L;
   static constexpr gemm::Major kMajorA = gemm::major_a(L), kMajorB = gemm::major_b(L);
@@ -73,11 +65,6 @@ struct TileConfig {
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
-  static constexpr bool kPingpong = Pingpong_;
-  // The warps that read a stage and release it: every consumer warp, or (pingpong) one group's.
-  static constexpr int kStageReaders = kPingpong ? 4 : kConsumerWarps;
-  // Warp groups sharing one tile's rows (the TiledMma's M extent in groups).
-  static constexpr int kTileWGs = kPingpong ? 1 : kConsumerWGs;
   using BM = Int<kBM>;
   using BN = Int<kBN>;
   using BK = Int<kBK>;
@@ -89,10 +76,9 @@ struct TileConfig {
   // bytes, laid out as a RingBHalf stage, and rows [kBN / 2, kBN) the second
   // (tests/host/sm90_staged_layout.cu checks it against CuTe).
   using RingBHalf = typename RingIfWhole<kMajorB, kBN / 2, kBK, kStages>::type;
-  // A 64-row wgmma atom; a pingpong group repeats it down its tile's rows.
-  using MmaOp = decltype(GMMA::ss_op_selector<bf16, bf16, float, Shape<_64, BN, BK>, kGmmaMajor<kMajorA>,
-                                              kGmmaMajor<kMajorB>>());
-  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kTileWGs>, _1, _1>>{}));
+  using MmaOp = decltype(GMMA::ss_op_selector<bf16, bf16, float, Shape<Int<kBM / kConsumerWGs>, BN, BK>,
+                                              kGmmaMajor<kMajorA>, kGmmaMajor<kMajorB>>());
+  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
   // TMA fills out-of-bounds box elements with zeros and still counts them, so
   // every stage, edge tiles included, lands exactly this many bytes.
   static constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * sizeof(bf16);
@@ -101,10 +87,7 @@ struct TileConfig {
   // padding make a row 16-byte aligned for the bulk copy and put the 8 rows a
   // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
   static constexpr int kEpiPitch = kBN + 8;
-  // Pingpong: one staged tile a group, boxes only (its hooks map no rows).
-  static constexpr int kStagedTiles = kPingpong ? kConsumerWGs : 1;
-  static constexpr int kStagedTileElems = kPingpong ? kBM * kBN : kBM * kEpiPitch;
-  static constexpr int kEpiElems = kSmemEpilogue ? kStagedTiles * kStagedTileElems : 8;
+  static constexpr int kEpiElems = kSmemEpilogue ? kBM * kEpiPitch : 8;
   // A tile leaving by TMA store (epilogue.cuh) is staged instead as kBN / 64
   // boxes of [kBM][64] (128 bytes a row), each in the 128-byte-swizzled layout
   // the store reads: a warp's eight rows then also land on disjoint banks, and
@@ -113,11 +96,9 @@ struct TileConfig {
   static constexpr int kOutBoxBytes = kBM * kOutBoxCols * 2;
   using OutTile = SmemRing<gemm::Major::K, kBM, kOutBoxCols, kBN / kOutBoxCols>;  // (kBM, 64, box)
   using OutBox = decltype(OutTile{}(_, _, Int<0>{}));
-  static_assert(!kSmemEpilogue || (kBN % kOutBoxCols == 0 && kBN / kOutBoxCols * kOutBoxBytes <= kStagedTileElems * 2),
+  static_assert(!kSmemEpilogue || (kBN % kOutBoxCols == 0 && kBN / kOutBoxCols * kOutBoxBytes <= kEpiElems * 2),
                 "the swizzled boxes fit the staged buffer");
-  static_assert(kStagedTileElems * 2 % 1024 == 0, "every staged tile starts 1024-byte aligned (the box swizzle)");
-  static_assert(kBM % (64 * kTileWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
-  static_assert(!kPingpong || kSmemEpilogue, "a pingpong group's tile leaves through its staged buffer");
+  static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
 };
 
 // The global operand as a (rows, K) tensor; rows is M for A and N for B, and

@@ -22,8 +22,7 @@
 //
 // This file: the roles and their hand-offs (claims, register shares); one
 // tile's loads are gemm/sm90/tile_loads.cuh, its compute and epilogue
-// gemm/sm90/tile_compute.cuh, or with Cfg::kPingpong each consumer warp
-// group's own tiles gemm/sm90/tile_pingpong.cuh.
+// gemm/sm90/tile_compute.cuh.
 #pragma once
 #include "gemm/sm90/barrier.cuh"
 #include "gemm/sm90/publisher.cuh"
@@ -31,7 +30,6 @@
 #include "gemm/sm90/tile_compute.cuh"
 #include "gemm/sm90/tile_config.cuh"
 #include "gemm/sm90/tile_loads.cuh"
-#include "gemm/sm90/tile_pingpong.cuh"
 #include "gemm/tile_hooks.h"
 
 namespace kosmos::sm90 {
@@ -55,7 +53,7 @@ struct TileEngine {
     if (threadIdx.x == 0) {
       for (int i = 0; i < kStages; ++i) {
         mbar_init(&s.full[i], 1);                      // the producer's arrive_expect_tx
-        mbar_init(&s.empty[i], Cfg::kStageReaders);  // every warp that read it done reading
+        mbar_init(&s.empty[i], Cfg::kConsumerWarps);  // every consumer warp done reading
       }
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
@@ -168,14 +166,7 @@ struct TileEngine {
       regs_alloc<kEvenRegs>();
     } else {
       regs_alloc<kConsumerRegs>();
-      const int ctid = threadIdx.x - 128;
-      if constexpr (Cfg::kPingpong) {
-        static_assert(std::is_same_v<Stage, PlainStaging<Cfg, OutT, Compute::kBoxes, Hooks>>,
-                      "a pingpong group stages plain tiles");
-        PingpongCompute<Cfg, OutT, Hooks>::consume_all(p, s, h, ctid / 128, ctid % 128);
-      } else {
-        consume_all(p, s, h, ctid);
-      }
+      consume_all(p, s, h, threadIdx.x - 128);
       regs_dealloc<kEvenRegs>();
       named_barrier_arrive(kRegsBackBarrier, Cfg::kThreads);
     }
