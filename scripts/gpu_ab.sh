@@ -119,8 +119,9 @@ for kernel in sorted({k for k, _ in new}):
   first = next(rs[0] for k, rs in new.items() if k[0] == kernel)
   arms = [c[:-3] for c in first if c.endswith("_ms") and not c.startswith("gemm")]
   for arm in ["gemm_full"] + arms:
+    # A kernel without this arm (ag_nn has no push) leaves its cells empty.
     v = [float(new[k][0][arm + "_ms"]) / float(ref[k][0][arm + "_ms"]) for k in new
-         if k[0] == kernel and k in ref and arm + "_ms" in new[k][0] and arm + "_ms" in ref[k][0]]
+         if k[0] == kernel and k in ref and new[k][0].get(arm + "_ms") and ref[k][0].get(arm + "_ms")]
     if v:
       print(f"{kernel} {arm}: new/ref time geomean {gm(v):.4f} over {len(v)} shapes, range {min(v):.3f}-{max(v):.3f}")
 gr, gn = (rows(d, "gemm.csv") for d in sys.argv[1:3])
