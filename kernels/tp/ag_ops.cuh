@@ -155,18 +155,13 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::land(char* slot_dst, const c
 // Pull, ag_nn and bulk_ag_nn (a no-op for ag_tn, whose peers always read our
 // slot): CTA 0's thread 0, first thing in the launch, tells the peers where our
 // shard is this epoch: x itself where p.direct, else 0 (our slot, tile row by
-// tile row as published). It rewrites src_ptr only once every peer has ended
-// the previous epoch (done[r] >= epoch - 1: released by each peer's last CTA,
-// after its last pull), so no peer still reads the previous epoch's address;
-// a peer's done waits on nothing of this epoch, so this wait ends.
+// tile row as published); tp/heap_use.cuh announce_source_at.
 template <typename T, class Shared, class Tr, AgOp kOp>
 KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::announce_source() {
   if constexpr (kOp != AgOp::kTn) {
     if (threadIdx.x != 0) return;
-    for (int r = 0; r < p.tp; ++r)
-      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done(source)", r));
-    *reinterpret_cast<volatile uint64_t*>(&ctrl->src_ptr) = p.direct ? reinterpret_cast<uint64_t>(p.x) : 0;
-    store_release<Scope::kSys>(&ctrl->src_epoch, epoch);  // orders the address before it
+    announce_source_at(&ctrl->src_ptr, &ctrl->src_epoch, ctrl->done, p.direct ? reinterpret_cast<uint64_t>(p.x) : 0,
+                       epoch, p.tp, p.rank, p.timeout_ns, site("done(source)", 0));
   }
 }
 
@@ -236,9 +231,7 @@ KOSMOS_DEVICE void AgDeviceOps<T, Shared, Tr, kOp>::finish(int grid) {
   // done[] to us. Each released ours first, and a peer's CTAs wait on nothing
   // we do after our CTAs are done, so the wait ends.
   if constexpr (kOp != AgOp::kTn)
-    if (p.direct)
-      for (int r = 0; r < p.tp; ++r)
-        if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch, p.timeout_ns, site("done(x read)", r));
+    if (p.direct) wait_peers_done(ctrl->done, epoch, p.tp, p.rank, p.timeout_ns, site("done(x read)", 0));
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->finished = 0;

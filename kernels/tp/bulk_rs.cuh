@@ -122,12 +122,10 @@ template <typename T, class Shared, int kSumGroups>
 KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::announce_ready() {
   bool seen = false;
   heap_use_guard(seen, p.heap[p.rank], p.timeout_ns, site("done(last use)", 0));
-  if (threadIdx.x == 0) {
-    for (int r = 0; r < p.tp; ++r)
-      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch - 1, p.timeout_ns, site("done(source)", r));
-    *reinterpret_cast<volatile uint64_t*>(&ctrl->src_ptr) = p.shape.direct ? reinterpret_cast<uint64_t>(p.dxp) : 0;
-    store_release<Scope::kSys>(&ctrl->src_epoch, epoch);  // orders the address before it
-  }
+  if (threadIdx.x == 0)
+    announce_source_at(&ctrl->src_ptr, &ctrl->src_epoch, ctrl->done,
+                       p.shape.direct ? reinterpret_cast<uint64_t>(p.dxp) : 0, epoch, p.tp, p.rank, p.timeout_ns,
+                       site("done(source)", 0));
   Push::announce_ready(p.heap, p.ctrl_off + offsetof(RsCtrl, ready), epoch, p.tp, p.rank);
 }
 
@@ -226,9 +224,7 @@ KOSMOS_DEVICE void BulkRsDeviceOps<T, Shared, kSumGroups>::finish(int grid) {
   release_peers(p.heap, p.ctrl_off + offsetof(RsCtrl, done), epoch, p.tp, p.rank);
   // Direct: the peers read dx_partial itself, which XLA may reuse once this
   // launch ends, so it ends only after every peer's last CTA released done[].
-  if (p.shape.direct)
-    for (int r = 0; r < p.tp; ++r)
-      if (r != p.rank) wait_ge<Scope::kSys>(&ctrl->done[r], epoch, p.timeout_ns, site("done(partials read)", r));
+  if (p.shape.direct) wait_peers_done(ctrl->done, epoch, p.tp, p.rank, p.timeout_ns, site("done(partials read)", 0));
   ctrl->move_next = 0;
   ctrl->build_next = 0;
   ctrl->reduce_next = 0;

@@ -15,19 +15,37 @@
 namespace kosmos {
 
 #ifdef KOSMOS_GPU
-// Thread 0 only: waits until the last writer's readers are done. `site` names the
-// caller for the timeout report; its index becomes the reader's rank.
+// Thread 0 only: waits until every peer r of a group of tp (all but `rank`) has
+// released done[r] >= epoch. `site` names the caller for the timeout report;
+// its index becomes the peer's rank.
+KOSMOS_DEVICE void wait_peers_done(const uint64_t* done, uint64_t epoch, int tp, int rank, uint64_t timeout_ns,
+                                   WaitSite site) {
+  for (int r = 0; r < tp; ++r) {
+    if (r == rank) continue;
+    site.index = r;
+    wait_ge<Scope::kSys>(&done[r], epoch, timeout_ns, site);
+  }
+}
+
+// Thread 0 only: waits until the last writer's readers are done.
 KOSMOS_DEVICE void heap_use_wait(char* heap, uint64_t timeout_ns, WaitSite site) {
   const volatile HeapUse* use = reinterpret_cast<const volatile HeapUse*>(heap + kHeapUseOffset);
   const uint64_t off = use->done_off, ep = use->epoch;
   if (off == 0) return;  // never written
-  const int tp = (int)use->tp, me = (int)use->rank;
-  const uint64_t* done = reinterpret_cast<const uint64_t*>(heap + off);
-  for (int r = 0; r < tp; ++r) {
-    if (r == me) continue;
-    site.index = r;
-    wait_ge<Scope::kSys>(&done[r], ep, timeout_ns, site);
-  }
+  wait_peers_done(reinterpret_cast<const uint64_t*>(heap + off), ep, (int)use->tp, (int)use->rank, timeout_ns, site);
+}
+
+// Direct sources (ag_nn, bulk_ag_nn, bulk_rs_nt), thread 0: tells the peers
+// where they read our operand this epoch, `at` (0: the copies we make in the
+// heap), in *src_ptr, released by *src_epoch. It rewrites the address only once
+// every peer has ended the previous epoch (done[r] >= epoch - 1, released by
+// each peer's last CTA after its last read), so no peer still reads the old
+// one; a peer's done waits on nothing of this epoch, so this wait ends.
+KOSMOS_DEVICE void announce_source_at(uint64_t* src_ptr, uint64_t* src_epoch, const uint64_t* done, uint64_t at,
+                                      uint64_t epoch, int tp, int rank, uint64_t timeout_ns, const WaitSite& site) {
+  wait_peers_done(done, epoch - 1, tp, rank, timeout_ns, site);
+  *reinterpret_cast<volatile uint64_t*>(src_ptr) = at;
+  store_release<Scope::kSys>(src_epoch, epoch);  // orders the address before it
 }
 
 // CTA-wide, once per CTA (`seen` remembers it): no thread of the CTA writes the

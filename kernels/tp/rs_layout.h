@@ -29,7 +29,7 @@ struct RsCtrl {
   // Bulk RS || NT: where the peers read our partials this epoch. src_ptr, set
   // before src_epoch is released, is dx_partial itself, which every peer of the
   // group (all in this process) reads directly, or 0: we push them into the
-  // peers' staging (tp/bulk_rs.cuh announce_source).
+  // peers' staging (tp/bulk_rs.cuh announce_ready).
   uint64_t src_epoch;
   uint64_t src_ptr;
   // done[p] = last epoch in which peer p finished reading our staging buffer.
