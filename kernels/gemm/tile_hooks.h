@@ -106,14 +106,14 @@
 //                      major, N and K. The MoE GEMM1 pairs each gate block with
 //                      its up block this way, so one accumulator holds both
 //                      (moe/swiglu_sm90.cuh, moe/fwd_portable.cuh).
-//  a_store(t, K)       (Hopper engine, when kStoreA) the storer warp, once per
-//                      tile: where the tile's kBM rows of A also go (row-major,
-//                      K apart, K % 8 == 0), or nullptr; with one, the storer
-//                      copies each of the tile's A stages there once TMA has
-//                      filled it, and the stage is released only once it has
-//                      been read. A fused kernel's gathered rows leave this
-//                      way, from the stage its builders load anyway
-//                      (tp/ag_gemm_sm90.cuh).
+//  a_store(t, &rows, &tile_m)  (Hopper engine, when kStoreA) consumer thread
+//                      0, once per tile: a TMA store descriptor (sm90::Params<
+//                      Cfg>::TmaAStore, in parameter space) over [rows, K], or
+//                      nullptr; with one, each of the tile's A stages is also
+//                      stored there at tile row tile_m as it arrives, and the
+//                      stage is released only once that store has read it. A
+//                      fused kernel's gathered rows leave this way, written
+//                      from the stage its builders load anyway (tp/ag_gemm_sm90.cuh).
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,

@@ -25,10 +25,10 @@
 // address, then a tensormap release fence) and releases maps_epoch; the
 // claimer acquires that once before its first peer tile, the loading thread
 // fences each descriptor into the tensormap proxy once, and TMA loads the
-// peer's rows in place. The engine's storer warp copies every A stage of
-// column 0's tiles to g_out (the hooks' a_store), so the gathered dY is
-// written once, from shared memory, and nothing else moves: per rank the
-// GEMM's reads of both shards and g_out's writes. The source's
+// peer's rows in place. Every
+// tile of column 0 also stores its A stages to g_out (the hooks' a_store), so
+// the gathered dY is written once, from shared memory, and nothing else moves:
+// per rank the GEMM's reads of both shards and g_out's writes. The source's
 // launch ends only once every peer is done reading its x (finish).
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
@@ -45,6 +45,7 @@ struct AgSm90Params {
   sm90::Params<Cfg> g;   // TMA over A (see above) and W [K, N]; g.M = tp * T * kBM
   typename sm90::Params<Cfg>::TmaA own;  // push, ag_nn: TMA over x [rows, K], the own shard's A
   typename sm90::Params<Cfg>::TmaA out;  // ag_nn with pull_to_out_only: TMA over g_out [batch * tp * m_local, K]
+  typename sm90::Params<Cfg>::TmaAStore out_store;  // builders_read_peers: the same g_out, stored from A's stages
 };
 
 struct AgSm90Shared {
@@ -65,10 +66,11 @@ template <class Cfg, class Tr, bool kOwnFromX = Tr::kPush, bool kNn = false>
 struct AgSm90Hooks {
   static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX, kStoreA = kNn;
   using TmaA = typename sm90::Params<Cfg>::TmaA;
+  using TmaAStore = typename sm90::Params<Cfg>::TmaAStore;
   static_assert(sizeof(TmaA) <= kPeerMapBytes && alignof(TmaA) <= 128, "a descriptor fits AgCtrl::peer_maps");
   const TmaA* own;  // in the kernel parameters (TMA reads descriptors from parameter space)
   const TmaA* out;  // nullptr: peer tiles read the gather region
-  bf16_t* g_out;  // builders_read_peers: [tp * rows, K], written from A's stages
+  const TmaAStore* out_store;  // builders_read_peers: g_out, written from A's stages
   AgCtrl* ctrl;
   bf16_t* y;
   uint64_t epoch, timeout_ns;
@@ -135,12 +137,13 @@ struct AgSm90Hooks {
     const int lr = tr * kTileRows, b = lr / m_local;
     return (((b * tp + src) * m_local) + lr - b * m_local) / kTileRows;
   }
-  // builders_read_peers: column 0's tiles write their kBM rows of g_out (K
-  // apart) from A's stages.
-  KOSMOS_DEVICE bf16_t* a_store(gemm::TileCoord t, int K) const {
+  // builders_read_peers: column 0's tiles write their rows of g_out from A's stages.
+  KOSMOS_DEVICE const TmaAStore* a_store(gemm::TileCoord t, int* a_rows, int* tile_m) const {
     if (!peers || t.n != 0) return nullptr;
     const int src = t.m / T;
-    return g_out + size_t(gathered_tile_row(src, t.m - src * T)) * kTileRows * K;
+    *a_rows = rows * tp;
+    *tile_m = gathered_tile_row(src, t.m - src * T);
+    return out_store;
   }
 
   template <class OutT>
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       const AgParams<bf16_t>& a = this->p;
       using Hooks = AgSm90Hooks<Cfg, Tr, Tr::kPush || kOp == AgOp::kNn, kOp == AgOp::kNn>;
       Hooks hooks{&pp.own,   a.pull_to_out_only ? &pp.out : nullptr,
-                  a.g_out,   this->ctrl,
+                  &pp.out_store, this->ctrl,
                   a.y,       this->epoch,
                   a.timeout_ns, a.rank,
                   a.tp,      a.shape.T,

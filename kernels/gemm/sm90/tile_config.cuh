@@ -139,6 +139,14 @@ CUTE_DEVICE void tensormap_acquire(const void* desc) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(desc) : "memory");
 }
 
+// TMA store of one ring stage of an operand back to global memory, box for box
+// as make_operand_tma loads it (same swizzle): a stage of A written out as it
+// was read (gemm/tile_hooks.h a_store).
+template <gemm::Major Mj, class Ring>
+auto make_operand_store_tma(bf16* p, int rows, int k, int ld) {
+  return make_tma_copy(SM90_TMA_STORE{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}));
+}
+
 // TMA store of staged output boxes (Cfg::OutBox) into a row-major bf16 [rows, cols]
 // matrix with leading dimension ld; boxes past its edge are clipped by TMA.
 template <class Cfg>
@@ -166,6 +174,7 @@ struct Params {
   using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1, 1));
   using TmaC = decltype(make_output_tma<Cfg>(nullptr, 1, 1, 1));
+  using TmaAStore = decltype(make_operand_store_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaBHalf = typename HalfTma<Cfg>::type;  // the split-B hook's box: kBN / 2 rows of B, in hooks' own parameters
   TmaA tma_a;
   TmaB tma_b;

@@ -1,8 +1,7 @@
 // Hopper tile engine: the schedule. One CTA = one producer warp group + two
 // consumer warp groups (WGMMA), joined by a ring of shared-memory stages
 // guarded by mbarriers. In the producer warp group one thread claims tiles,
-// one issues their TMA loads, for hooks that publish tiles one publishes, and
-// for hooks that store A (kStoreA) warp 3 copies A's stages out.
+// one issues their TMA loads and, for hooks that publish tiles, one publishes.
 //
 // Interface for persistent kernels: every thread of the CTA calls
 // run(params, smem, scheduler, hooks). The claimer thread takes tiles from the
@@ -46,21 +45,19 @@ struct TileEngine {
   static constexpr int kStages = Cfg::kStages;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 64K
   static constexpr int kEvenRegs = 65536 / Cfg::kThreads / 8 * 8;  // 168 for 384 threads
-  // Producer warp group: warp 0 loads, warp 1 publishes (Pub::kThread), warp 2
-  // claims, warp 3 stores A (kStoreA): it reads every stage and every claim.
-  static constexpr int kClaimerThread = 64, kStorerWarp = 3;
-  static constexpr int kStorers = gemm::stores_a_v<Hooks> ? 1 : 0;
+  // Producer warp group: warp 0 loads, warp 1 publishes (Pub::kThread), warp 2 claims.
+  static constexpr int kClaimerThread = 64;
 
   // One thread: barrier counts, then make them visible to TMA and all threads.
   static CUTE_DEVICE void init(const P& p, S& s) {
     if (threadIdx.x == 0) {
       for (int i = 0; i < kStages; ++i) {
         mbar_init(&s.full[i], 1);                      // the producer's arrive_expect_tx
-        mbar_init(&s.empty[i], Cfg::kConsumerWarps + kStorers);  // every consumer warp (and the storer) done reading
+        mbar_init(&s.empty[i], Cfg::kConsumerWarps);  // every consumer warp done reading
       }
       for (int i = 0; i < 2; ++i) {
         mbar_init(&s.claim_full[i], 1);
-        mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps + 1 + kStorers);  // and the loading thread (and the storer)
+        mbar_init(&s.claim_empty[i], Cfg::kConsumerWarps + 1);  // and the loading thread
         mbar_init(&s.done_full[i], 1);   // consumer thread 0's post
         mbar_init(&s.done_empty[i], 1);  // the publisher's read
       }
@@ -114,23 +111,6 @@ struct TileEngine {
     }
   }
 
-  // Storer warp (kStoreA): every posted tile's stages, read as they fill.
-  static CUTE_DEVICE void store_all(const P& p, S& s, Hooks& h, int lane) {
-    Ring stages, mailbox;
-    for (;;) {
-      mbar_wait(&s.claim_full[mailbox.slot], mailbox.phase, "claim slot full (storer)");
-      int claim[3] = {0, 0, 0};
-      if (lane == 0) {  // one reader, one arrive (as consume_all)
-        claim[0] = s.claim[mailbox.slot].m, claim[1] = s.claim[mailbox.slot].n, claim[2] = s.claim_valid[mailbox.slot];
-        mbar_arrive(&s.claim_empty[mailbox.slot]);
-      }
-      const gemm::TileCoord t{__shfl_sync(0xffffffffu, claim[0], 0), __shfl_sync(0xffffffffu, claim[1], 0)};
-      if (__shfl_sync(0xffffffffu, claim[2], 0) == 0) return;
-      Loads::store_tile(p, s, stages, t, h, lane);
-      mailbox.advance(2);
-    }
-  }
-
   static CUTE_DEVICE void consume_all(const P& p, S& s, Hooks& h, int ctid) {
     Ring stages, mailbox;
     typename Compute::InFlight inflight;
@@ -178,9 +158,6 @@ struct TileEngine {
       regs_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) load_all(p, s, h);
       if (threadIdx.x == kClaimerThread) claim_all(s, sched, h);
-      if constexpr (kStorers > 0) {
-        if (threadIdx.x / 32 == kStorerWarp) store_all(p, s, h, threadIdx.x % 32);
-      }
       if constexpr (Hooks::kTileDone) {
         if (threadIdx.x == Pub::kThread) Pub::publish_all(s, h);
       }

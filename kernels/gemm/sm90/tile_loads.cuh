@@ -84,53 +84,6 @@ struct TileLoads {
       ring.advance(kStages);
     }
   }
-
-  // Storer warp (kStoreA): tile t's A stages, each as TMA fills it, also to
-  // the hooks' a_store rows (or, without them, only the release), releasing
-  // each stage once read. Its loads land in registers before the release, so
-  // no stage waits on a global write; a TMA store from the stage held it until
-  // the store had read it, and column 0's tiles of ag_nn ran ~6x longer
-  // (1xH100, 2026-12-07, benchmarks/RESULTS.md).
-  static CUTE_DEVICE void store_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int lane) {
-    static_assert(Cfg::kMajorA == gemm::Major::K, "A's rows are K-contiguous 16-byte chunks in a stage");
-    char* dst = reinterpret_cast<char*>(h.a_store(t, p.K));
-    int a_k0 = 0, b_k0 = 0;
-    const int kblocks = k_blocks(p, t, h, &a_k0, &b_k0);
-    for (int k = 0; k < kblocks; ++k) {
-      mbar_wait(&s.full[ring.slot], ring.phase, "stage full (storer)");
-      if (dst != nullptr) store_stage(p, s, ring.slot, dst, (a_k0 + k) * Cfg::kBK, lane);
-      __syncwarp();  // every lane's reads of the stage before lane 0's release
-      if (lane == 0) mbar_arrive(&s.empty[ring.slot]);
-      ring.advance(kStages);
-    }
-  }
-
-  // One stage [kBM, kBK] of A to dst's columns k0.. (rows K apart): four rows
-  // of 16-byte chunks per warp pass, whole 128-byte row segments in global
-  // memory; under the ring's swizzle a row's chunks are permuted within it.
-  static CUTE_DEVICE void store_stage(const P& p, S& s, int slot, char* dst, int k0, int lane) {
-    constexpr int kChunks = Cfg::kBK / 8, kPerPass = 32 * 4;  // 16-byte chunks per row; per pass of 4
-    const typename Cfg::RingA ring_a{};
-    const uint32_t sa = cast_smem_ptr_to_uint(s.sa());
-    for (int c0 = 0; c0 < Cfg::kBM * kChunks; c0 += kPerPass) {
-      uint32_t v[4][4];
-      CUTE_UNROLL
-      for (int u = 0; u < 4; ++u) {
-        const int c = c0 + u * 32 + lane, r = c / kChunks, col = (c % kChunks) * 8;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[u][0]), "=r"(v[u][1]), "=r"(v[u][2]), "=r"(v[u][3])
-                     : "r"(sa + 2 * uint32_t(ring_a(r, col, slot))));
-      }
-      CUTE_UNROLL
-      for (int u = 0; u < 4; ++u) {
-        const int c = c0 + u * 32 + lane, r = c / kChunks, col = (c % kChunks) * 8;
-        if (k0 + col < p.K)
-          asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 2 * (size_t(r) * p.K + k0 + col)),
-                       "r"(v[u][0]), "r"(v[u][1]), "r"(v[u][2]), "r"(v[u][3])
-                       : "memory");
-      }
-    }
-  }
 };
 
 }  // namespace kosmos::sm90
