@@ -46,7 +46,7 @@ bool ag_nn_sm90_ready(int ordinal) { return sm90_ready(g_state[2], ordinal); }
 
 template <class Tr>
 cudaError_t ag_tn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
-  AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}, {}, {}};
+  AgSm90Params<AgCfg> p{ag, gather_params<AgCfg>(ag), {}, {}};
   if constexpr (Tr::kPush)  // the own shard's tiles read x itself (tp/ag_gemm_sm90.cuh)
     p.own = sm90::make_operand_tma<AgCfg::kMajorA, typename AgCfg::RingA>(reinterpret_cast<const sm90::bf16*>(ag.x),
                                                                            ag.rows, ag.K, ag.K);
@@ -57,7 +57,7 @@ template cudaError_t ag_tn_sm90_launch<Pull>(const AgParams<bf16_t>&, int, cudaS
 template cudaError_t ag_tn_sm90_launch<Push>(const AgParams<bf16_t>&, int, cudaStream_t);
 
 cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t stream) {
-  AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}, {}, {}};
+  AgSm90Params<AgNnCfg> p{ag, gather_params<AgNnCfg>(ag), {}, {}};
   // The own shard's tiles read dY itself while the movers publish it; the peer
   // tiles read the gathered dY where whole tile rows of it are one shard's
   // (tp/ag_gemm_sm90.cuh, kOwnFromX, pull_to_out_only).
@@ -67,14 +67,6 @@ cudaError_t ag_nn_sm90_launch(const AgParams<bf16_t>& ag, int grid, cudaStream_t
   if (p.ag.pull_to_out_only)
     p.out = sm90::make_operand_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(Bf(ag.g_out), ag.tp * ag.rows, ag.K,
                                                                               ag.K);
-  // Where the peers may read our dY in place, our builders read theirs in place
-  // too and write g_out from their stages: no movers (tp/ag_gemm_sm90.cuh).
-  p.ag.builders_read_peers = p.ag.pull_to_out_only && ag.direct;
-  if (p.ag.builders_read_peers) {
-    p.ag.movers = 0;
-    p.out_store = sm90::make_operand_store_tma<AgNnCfg::kMajorA, typename AgNnCfg::RingA>(
-        static_cast<sm90::bf16*>(static_cast<void*>(ag.g_out)), ag.tp * ag.rows, ag.K, ag.K);
-  }
   ag_tn_sm90_kernel<AgNnCfg, Pull><<<grid, AgNnCfg::kThreads, sm90::SharedStorage<AgNnCfg>::kLaunchBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -106,14 +106,6 @@
 //                      major, N and K. The MoE GEMM1 pairs each gate block with
 //                      its up block this way, so one accumulator holds both
 //                      (moe/swiglu_sm90.cuh, moe/fwd_portable.cuh).
-//  a_store(t, &rows, &tile_m)  (Hopper engine, when kStoreA) consumer thread
-//                      0, once per tile: a TMA store descriptor (sm90::Params<
-//                      Cfg>::TmaAStore, in parameter space) over [rows, K], or
-//                      nullptr; with one, each of the tile's A stages is also
-//                      stored there at tile row tile_m as it arrives, and the
-//                      stage is released only once that store has read it. A
-//                      fused kernel's gathered rows leave this way, written
-//                      from the stage its builders load anyway (tp/ag_gemm_sm90.cuh).
 //  tile_phase(t, ph)   (Hopper engine, when kTraceTiles) one consumer thread as
 //                      tile t passes each TilePhase, for trace builds' per-tile
 //                      spans; hooks declare kTraceTiles only under KOSMOS_TRACE,
@@ -161,7 +153,6 @@ KOSMOS_HOOK_FLAG(rows_b, kRowsB)            // absent: tile n reads B's rows fro
 KOSMOS_HOOK_FLAG(ranges_k, kKRange)         // absent: every tile contracts all of K
 KOSMOS_HOOK_FLAG(traces_tiles, kTraceTiles) // absent: no tile_phase calls
 KOSMOS_HOOK_FLAG(keeps_preact, kKeepsPreact) // absent: a staging type stores no pre-activations (MoE GEMM1's preact)
-KOSMOS_HOOK_FLAG(stores_a, kStoreA)         // absent: A's stages are only read
 KOSMOS_HOOK_FLAG(moved_b, kMovedB)          // absent: B was written before the launch (portable: L1 may cache it)
 #undef KOSMOS_HOOK_FLAG
 

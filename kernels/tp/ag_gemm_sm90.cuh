@@ -17,19 +17,6 @@
 // when AgParams::pull_to_out_only), so a pulled row is stored once. Rows past
 // a shard's end are never written and never stored (row_ptr masks them). With
 // tp == 1 there are no slots and A is x itself.
-//
-// ag_nn with AgParams::builders_read_peers (direct, whole tile rows): no movers.
-// CTA 0 waits for each peer's announcement (announce_source: its x, or its
-// slot and then all its publishes), writes a copy of `own` retargeted there
-// into our control block (AgCtrl::peer_maps: tensormap.replace of the base
-// address, then a tensormap release fence) and releases maps_epoch; the
-// claimer acquires that once before its first peer tile, the loading thread
-// fences each descriptor into the tensormap proxy once, and TMA loads the
-// peer's rows in place. Every
-// tile of column 0 also stores its A stages to g_out (the hooks' a_store), so
-// the gathered dY is written once, from shared memory, and nothing else moves:
-// per rank the GEMM's reads of both shards and g_out's writes. The source's
-// launch ends only once every peer is done reading its x (finish).
 #pragma once
 #include "gemm/sm90/tile_engine.cuh"
 #include "kosmos/pull.h"
@@ -45,7 +32,6 @@ struct AgSm90Params {
   sm90::Params<Cfg> g;   // TMA over A (see above) and W [K, N]; g.M = tp * T * kBM
   typename sm90::Params<Cfg>::TmaA own;  // push, ag_nn: TMA over x [rows, K], the own shard's A
   typename sm90::Params<Cfg>::TmaA out;  // ag_nn with pull_to_out_only: TMA over g_out [batch * tp * m_local, K]
-  typename sm90::Params<Cfg>::TmaAStore out_store;  // builders_read_peers: the same g_out, stored from A's stages
 };
 
 struct AgSm90Shared {
@@ -61,23 +47,16 @@ struct AgSm90Shared {
 // waits for its own rows: push, where nothing is published, and ag_nn, whose
 // pull movers still publish (for the peers and the gathered output) while the
 // own tiles build. (Under ag_tn's pull the own tiles wait for the publish.)
-// kNn: ag_nn's hooks, which may read peers in place (builders_read_peers).
-template <class Cfg, class Tr, bool kOwnFromX = Tr::kPush, bool kNn = false>
+template <class Cfg, class Tr, bool kOwnFromX = Tr::kPush>
 struct AgSm90Hooks {
-  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX, kStoreA = kNn;
+  static constexpr bool kTileDone = false, kMapsRows = true, kSplitA = kOwnFromX;
   using TmaA = typename sm90::Params<Cfg>::TmaA;
-  using TmaAStore = typename sm90::Params<Cfg>::TmaAStore;
-  static_assert(sizeof(TmaA) <= kPeerMapBytes && alignof(TmaA) <= 128, "a descriptor fits AgCtrl::peer_maps");
   const TmaA* own;  // in the kernel parameters (TMA reads descriptors from parameter space)
   const TmaA* out;  // nullptr: peer tiles read the gather region
-  const TmaAStore* out_store;  // builders_read_peers: g_out, written from A's stages
   AgCtrl* ctrl;
   bf16_t* y;
   uint64_t epoch, timeout_ns;
   int rank, tp, T, rows, m_local, N;
-  bool peers;             // builders_read_peers
-  bool maps_seen = false;  // claimer: maps_epoch acquired this launch
-  uint32_t maps_fenced = 0;  // loading thread: peer_maps[r] fenced into the tensormap proxy (bit r)
   TraceBuf trace;
 
   // Producer thread, before the tile's first TMA load: its rows must have been
@@ -91,18 +70,9 @@ struct AgSm90Hooks {
     const bool own = src == rank;
     if (kOwnFromX && own) return;  // x, complete before the launch (stream order)
     const uint64_t* flag = own ? &ctrl->pub[tr] : &ctrl->arrived[src * kMaxTileRows + tr];
-    const char* what = own ? "pub" : "arrived";
-    // builders_read_peers: every peer's rows are readable once our CTA 0 wrote
-    // their descriptors (after each peer's announcement, and for a peer whose
-    // rows are in its slot, after all its publishes), one wait a launch.
-    if constexpr (kNn)
-      if (peers) {
-        if (maps_seen) return;
-        flag = &ctrl->maps_epoch, what = "maps";
-        maps_seen = true;
-      }
     const TraceSpan wait;
-    Tr::wait_landed_for_tma(flag, epoch, timeout_ns, {"ag_tn_sm90", rank, (int)blockIdx.x, what, src * kMaxTileRows + tr});
+    Tr::wait_landed_for_tma(
+        flag, epoch, timeout_ns, {"ag_tn_sm90", rank, (int)blockIdx.x, own ? "pub" : "arrived", src * kMaxTileRows + tr});
     wait.close(trace, blockIdx.x, kTraceWait, t.m);  // tile: the engine tile row; the producer is thread 0
   }
   KOSMOS_DEVICE void before_k(gemm::TileCoord, int) {}
@@ -110,40 +80,19 @@ struct AgSm90Hooks {
   // An own-shard tile reads x [rows, K] at its tile row within the shard; with
   // `out`, a peer tile reads g_out at the tile row its rows were pulled to
   // (whole tile rows there: m_local % kBM == 0).
-  // builders_read_peers: a peer tile reads the peer's rows in place, through
-  // our copy of its descriptor, fenced into the tensormap proxy on its first use
-  // (the claimer acquired maps_epoch; the claim's mailbox orders that before us).
-  KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) {
+  KOSMOS_DEVICE const TmaA* a_source(gemm::TileCoord t, int* a_rows, int* tile_m) const {
     if (!kOwnFromX || tp == 1) return nullptr;
     const int src = t.m / T, tr = t.m - src * T;
-    if (src == rank || (kNn && peers)) {
+    if (src == rank) {
       *a_rows = rows;
       *tile_m = tr;
-      if (src == rank) return own;
-      const TmaA* map = reinterpret_cast<const TmaA*>(ctrl->peer_maps[src]);
-      if (!((maps_fenced >> src) & 1u)) {
-        sm90::tensormap_acquire(map->get_tma_descriptor());
-        maps_fenced |= 1u << src;
-      }
-      return map;
+      return own;
     }
     if (out == nullptr) return nullptr;
-    *a_rows = rows * tp;
-    *tile_m = gathered_tile_row(src, tr);
-    return out;
-  }
-  // g_out's tile row holding shard src's tile row tr (whole tile rows: m_local % kBM == 0).
-  KOSMOS_DEVICE int gathered_tile_row(int src, int tr) const {
     const int lr = tr * kTileRows, b = lr / m_local;
-    return (((b * tp + src) * m_local) + lr - b * m_local) / kTileRows;
-  }
-  // builders_read_peers: column 0's tiles write their rows of g_out from A's stages.
-  KOSMOS_DEVICE const TmaAStore* a_store(gemm::TileCoord t, int* a_rows, int* tile_m) const {
-    if (!peers || t.n != 0) return nullptr;
-    const int src = t.m / T;
     *a_rows = rows * tp;
-    *tile_m = gathered_tile_row(src, t.m - src * T);
-    return out_store;
+    *tile_m = (((b * tp + src) * m_local) + lr - b * m_local) / kTileRows;
+    return out;
   }
 
   template <class OutT>
@@ -169,43 +118,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ag_tn_sm90_kernel(const __gr
       const TraceSpan span;
       AgSched sched{this->ctrl, this->p.shape};
       const AgParams<bf16_t>& a = this->p;
-      using Hooks = AgSm90Hooks<Cfg, Tr, Tr::kPush || kOp == AgOp::kNn, kOp == AgOp::kNn>;
-      Hooks hooks{&pp.own,   a.pull_to_out_only ? &pp.out : nullptr,
-                  &pp.out_store, this->ctrl,
-                  a.y,       this->epoch,
-                  a.timeout_ns, a.rank,
-                  a.tp,      a.shape.T,
-                  a.rows,    a.m_local,
-                  a.N,       kOp == AgOp::kNn && a.builders_read_peers,
-                  false,     0u,
-                  a.trace};
+      using Hooks = AgSm90Hooks<Cfg, Tr, Tr::kPush || kOp == AgOp::kNn>;
+      Hooks hooks{&pp.own, a.pull_to_out_only ? &pp.out : nullptr, this->ctrl, a.y, this->epoch, a.timeout_ns, a.rank, a.tp,
+                  a.shape.T, a.rows, a.m_local, a.N, a.trace};
       sm90::TileEngine<Cfg, gemm::bf16, Hooks>::run(pp.g, s, sched, hooks);
       if (threadIdx.x == 0) span.close(a.trace, blockIdx.x, kTraceBuild);
-    }
-    // CTA 0, first thing: our announcement, then (builders_read_peers) the
-    // peers' descriptors, once each peer announced where its rows are.
-    KOSMOS_DEVICE void announce_source() {
-      AgDeviceOps<bf16_t, AgSm90Shared, Tr, kOp>::announce_source();
-      if constexpr (kOp == AgOp::kNn)
-        if (this->p.builders_read_peers && threadIdx.x == 0) publish_peer_maps();
-    }
-    KOSMOS_DEVICE void publish_peer_maps() {
-      const AgParams<bf16_t>& a = this->p;
-      for (int r = 0; r < a.tp; ++r) {
-        if (r == a.rank) continue;
-        const AgCtrl* c = this->ctrl_of(r);
-        wait_ge<Scope::kSys>(&c->src_epoch, this->epoch, a.timeout_ns, this->site("peer_source", r));
-        uint64_t at = *reinterpret_cast<const volatile uint64_t*>(&c->src_ptr);
-        if (at == 0) {  // rows in its slot: a peer that is not direct publishes them, waiting on nothing
-          at = reinterpret_cast<uint64_t>(this->slot(r, r));
-          for (int t = 0; t < a.shape.T; ++t)
-            wait_ge<Scope::kSys>(&c->pub[t], this->epoch, a.timeout_ns, this->site("peer_pub", r * kMaxTileRows + t));
-        }
-        sm90::retarget_tma(reinterpret_cast<typename sm90::Params<Cfg>::TmaA*>(this->ctrl->peer_maps[r]), pp.own,
-                           reinterpret_cast<const void*>(at));
-      }
-      sm90::tensormap_release();  // the descriptors' generic writes before any TMA use of them
-      store_release<Scope::kGpu>(&this->ctrl->maps_epoch, this->epoch);
     }
   } ops{{p.ag, sm, ctrl, epoch, false}, p, s};
   ag_cta<Tr>(ops, p.ag.shape, (int)blockIdx.x, (int)gridDim.x, p.ag.movers, p.ag.switching != 0);

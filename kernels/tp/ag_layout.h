@@ -20,9 +20,6 @@ constexpr int kMaxRanks = 8;
 // flags' and the staging's, and both engines' kBM (their kernels assert it).
 constexpr int kTileRows = 128;
 constexpr int kMaxTileRows = 4096;  // per shard: 4096 x kTileRows = 512K local rows
-// Bytes of one TMA operand descriptor object (CuTe's, descriptor and shape)
-// kept in a control block (tp/ag_gemm_sm90.cuh asserts it fits).
-constexpr int kPeerMapBytes = 256;
 
 struct AgCtrl {
   uint64_t epoch;          // last epoch this device completed (kernel-advanced)
@@ -36,12 +33,6 @@ struct AgCtrl {
   // tile row t once pub[t] (tp/ag_ops.cuh announce_source).
   uint64_t src_epoch;
   uint64_t src_ptr;
-  // Builders that read the peers' rows themselves (the Hopper ag_nn,
-  // AgParams::builders_read_peers): peer_maps[r], a TMA descriptor over where
-  // peer r's rows are this epoch (its x, or its slot), written by our CTA 0 and
-  // published to our other CTAs by maps_epoch (tp/ag_gemm_sm90.cuh).
-  uint64_t maps_epoch;
-  alignas(128) unsigned char peer_maps[kMaxRanks][kPeerMapBytes];
   uint64_t done[kMaxRanks];  // done[p] = last epoch in which peer p finished reading our slot
   uint64_t ready[kMaxRanks];  // ready[p] = last epoch in which peer p's gather region took pushes (Push)
   uint64_t pub[kMaxTileRows];  // pub[t] = epoch our tile row t was published (peers read it)

@@ -38,12 +38,6 @@ struct AgParams {
   // every rank of the group is in this process and x is memory a peer may
   // read (a cuMemAlloc allocation, mapped to the peers by peer access).
   bool direct;
-  // The Hopper ag_nn where direct, every shard is whole tile rows (m_local %
-  // kBM == 0) and the grid has no movers: the builders TMA-load peer tiles from
-  // where each peer announced its rows (its x, or its slot once published) and
-  // write every gathered row to g_out from the stage they loaded it into
-  // (tp/ag_gemm_sm90.cuh). Nothing is copied by a mover.
-  bool builders_read_peers;
   char* heap[kMaxRanks];  // every rank's heap base, mapped here
   int rank, tp, m_local, rows;  // rows = batch * m_local (flattened local rows)
   int K, N;

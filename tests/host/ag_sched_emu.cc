@@ -16,12 +16,6 @@
 // per rank, also changing from epoch to epoch), which the "host" fills before
 // each launch and overwrites as soon as it ends (XLA reusing the buffer): a
 // source that ended its launch before its readers were done shows as a stale pull.
-// The Hopper ag_nn where it is direct reads the peers in place instead
-// (AgParams::builders_read_peers, tp/ag_gemm_sm90.cuh): no movers; CTA 0 waits
-// for every peer's announcement (and, for a peer whose rows are in its slot,
-// all its publishes) and publishes where each peer's rows are (maps_epoch); a
-// peer tile reads them after that one wait, and column 0's tiles write the
-// gathered output.
 // Usage: ag_sched_emu  (runs the built-in grid; exit 0 = all passed)
 #include <cstdio>
 #include <cstdlib>
@@ -55,8 +49,6 @@ struct Rank {
   std::vector<uint64_t> out;  // the gathered output (ag_nn, bulk_ag_nn): tag of each (src, t) row
   std::vector<uint64_t> x;    // this launch's input shard, tile row by tile row (the kernel's p.x)
   uint64_t src_epoch = 0, src_direct = 0;  // AgCtrl::src_epoch, src_ptr != 0
-  uint64_t maps_epoch = 0;  // AgCtrl::maps_epoch (builders_read_peers)
-  uint64_t maps_slot = 0;   // the descriptors' bases: bit p, peer p's slot (else its x)
   Rank(int tp, int T, int NT)
       : done(tp, 0), ready(tp, 0), pub(T, 0), arrived(tp * T, 0), gather(tp * T, 0),
         moved(tp * T, 0), built(tp * T * NT, 0), out(tp * T, 0), x(T, 0) {}
@@ -79,15 +71,12 @@ struct Case {
   bool direct_at(int rank, uint64_t e) const {
     return op != kTn && tp > 1 && (direct == 1 || (direct == 2 && (rank + e) % 2 == 1));
   }
-  // The launcher's builders_read_peers (csrc/ag_tn_sm90.cu): the Hopper ag_nn, direct.
-  bool peers_at(int rank, uint64_t e) const { return hopper && op == kNn && direct_at(rank, e); }
 };
 
 // The launchers' crew (csrc/ag_tn_cuda.cu, bulk_ag_nn_cuda.cu): builders never
 // move, so with peers at least one mover; a fixed split keeps one builder (and
 // needs two CTAs: no case asks for one).
-int crew(const Case& c, int rank, uint64_t e) {
-  if (c.peers_at(rank, e)) return 0;  // the builders read the peers themselves
+int crew(const Case& c) {
   int mv = c.movers > c.W ? c.W : c.movers;
   if (c.tp > 1 && mv < 1) mv = 1;
   if (!c.switching && mv > c.W - 1) mv = c.W - 1;
@@ -135,42 +124,6 @@ struct HostOps {
     jitter();
     __atomic_store_n(&me().src_direct, (uint64_t)c.direct_at(rank, e), __ATOMIC_RELAXED);
     store_release<Scope::kSys>(&me().src_epoch, e);
-    if (c.peers_at(rank, e)) publish_peer_maps();
-  }
-  // The Hopper kernel's CTA 0 after its announcement: where each peer's rows
-  // are, once the peer said so and, in its slot, published them all.
-  void publish_peer_maps() {
-    uint64_t in_slot = 0;
-    for (int p = 0; p < c.tp; ++p) {
-      if (p == rank) continue;
-      wait_ge<Scope::kSys>(&ranks[p]->src_epoch, e, kTimeoutNs, site("peer_source(maps)", p));
-      if (__atomic_load_n(&ranks[p]->src_direct, __ATOMIC_RELAXED) != 0) continue;
-      in_slot |= 1ull << p;
-      for (int t = 0; t < c.T; ++t) wait_ge<Scope::kSys>(&ranks[p]->pub[t], e, kTimeoutNs, site("pub(maps)", t));
-    }
-    jitter();
-    __atomic_store_n(&me().maps_slot, in_slot, __ATOMIC_RELAXED);
-    store_release<Scope::kGpu>(&me().maps_epoch, e);
-  }
-  // builders_read_peers: tile (src, t)'s rows read in place (a peer's x or its
-  // slot, as our maps say), written to the gathered output by column 0's tile.
-  void build_in_place(const AgBuild& b) {
-    uint64_t v;
-    if (b.src == rank) {
-      v = __atomic_load_n(&me().x[b.t], __ATOMIC_RELAXED);
-    } else {
-      Rank& peer = *ranks[b.src];
-      wait_ge<Scope::kGpu>(&me().maps_epoch, e, kTimeoutNs, site("maps", b.src));
-      const bool in_slot = (__atomic_load_n(&me().maps_slot, __ATOMIC_RELAXED) >> b.src) & 1;
-      jitter();  // the peer must not end its launch (or overwrite its slot) meanwhile
-      v = in_slot ? __atomic_load_n(&peer.gather[b.src * c.T + b.t], __ATOMIC_RELAXED)
-                  : __atomic_load_n(&peer.x[b.t], __ATOMIC_RELAXED);
-    }
-    EMU_CHECK(v == tag(e, b.src, b.t), "rank %d read tile (src %d, t %d) in place, stale, epoch %llu", rank, b.src,
-              b.t, (unsigned long long)e);
-    if (b.tn == 0) me().out[b.src * c.T + b.t] = v;
-    __atomic_fetch_add(&me().built[(b.src * c.T + b.t) * c.NT + b.tn], 1u, __ATOMIC_RELAXED);
-    jitter();
   }
   void announce_ready() {
     EMU_CHECK(Tr::kPush && c.hopper, "rank %d cta %d announces without the push transport", rank, cta);
@@ -225,10 +178,6 @@ struct HostOps {
   void build_all() {
     for (int j = claim_build(); j < ag_n_build(s); j = claim_build()) {
       const AgBuild b = ag_build_item(s, j);
-      if (c.peers_at(rank, e)) {
-        build_in_place(b);
-        continue;
-      }
       if (c.op == Case::kBulk) {  // dy @ w.T: reads no moved row, waits for nothing
         __atomic_fetch_add(&me().built[(b.src * c.T + b.t) * c.NT + b.tn], 1u, __ATOMIC_RELAXED);
         jitter();
@@ -275,11 +224,11 @@ void run_epoch(const Case& c, std::vector<std::unique_ptr<Rank>>& ranks, int ran
   for (int cta = 0; cta < c.W; ++cta)
     ctas.emplace_back([&, cta] {
       HostOps<Tr> ops{c, ranks, rank, cta, e, std::mt19937(seed * 7919u + cta * 31u + (unsigned)e), s, prev_pull};
-      ag_cta<Tr>(ops, s, cta, c.W, crew(c, rank, e), c.switching);
+      ag_cta<Tr>(ops, s, cta, c.W, crew(c), c.switching);
     });
   for (auto& t : ctas) t.join();
   for (int t = 0; t < c.T; ++t) __atomic_store_n(&r.x[t], ~0ull, __ATOMIC_RELAXED);  // XLA reuses it
-  for (int i = 0; !c.peers_at(rank, e) && i < ag_n_move<Tr>(s); ++i)
+  for (int i = 0; i < ag_n_move<Tr>(s); ++i)
     EMU_CHECK(r.moved[i] == 1, "tp=%d W=%d rank %d epoch %llu: move %d ran %u times", c.tp, c.W, rank,
               (unsigned long long)e, i, r.moved[i]);
   for (int j = 0; j < ag_n_build(s); ++j) {
@@ -376,17 +325,6 @@ int main() {
         cases.push_back(*c);
       }
     }
-  // The Hopper ag_nn reading the peers in place where direct: 8 ranks, one CTA
-  // without delays (both also on ranks alternating with the movers' slot path).
-  for (int direct : {1, 2}) {
-    Case wide{8, 9, 2, 4, 3, 4, 5, 3, true};
-    Case tight{2, 1, 1, 6, 4, 8, 0, 1, true};
-    for (Case* c : {&wide, &tight}) {
-      c->op = Case::kNn;
-      c->direct = direct;
-      cases.push_back(*c);
-    }
-  }
   unsigned seed = 1;
   for (const Case& c : cases) {
     std::vector<std::unique_ptr<Rank>> ranks;

@@ -29,54 +29,15 @@ struct TileCompute {
   using Stage = Staging<Cfg, OutT, kBoxes, Hooks>;
   using Pub = Publisher<Cfg, Hooks>;
 
-  // Where a tile's A stages are also stored (the hooks' a_store), on consumer
-  // thread 0 only (map == nullptr elsewhere and for tiles that store none).
-  struct AStore {
-    const typename P::TmaAStore* map = nullptr;
-    int rows = 0, tile_m = 0, k0 = 0;
-  };
-
-  static CUTE_DEVICE AStore a_store(const P& p, gemm::TileCoord t, Hooks& h, int ctid, int a_k0) {
-    AStore st;
-    if constexpr (gemm::stores_a_v<Hooks>) {
-      if (ctid == 0) st.map = h.a_store(t, &st.rows, &st.tile_m);
-    }
-    st.k0 = a_k0;
-    return st;
-  }
-
-  // Consumer thread 0: stage `slot` (k-block kb of A) to st's rows, in its own bulk group.
-  static CUTE_DEVICE void store_a_stage(const P& p, S& s, const AStore& st, int slot, int kb) {
-    using BK = typename Cfg::BK;
-    Tensor g = local_tile(st.map->get_tma_tensor(make_shape(st.rows, p.K)), make_shape(BM{}, BK{}),
-                          make_coord(st.tile_m, _));
-    Tensor sA = make_tensor(make_smem_ptr(s.sa()), typename Cfg::RingA{});
-    auto [tg, ts] = tma_partition(*st.map, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(g));
-    copy(*st.map, ts(_, slot), tg(_, kb));
-    bulk_commit();
-  }
-
   // Consumers: acc = sum over the tile's kblocks k-blocks of A_tile . B_tile^T
   // (none: zeros), keeping one wgmma batch in flight so the tensor cores never
   // wait for the release handshake. at_k(k, kblocks) runs on every consumer
   // thread once k-block k's batch is in flight and k - 1's stage released
-  // (Staging::in_mainloop). With st.map, thread 0 also stores each A stage
-  // (TMA wrote it and the full barrier told us; the store reads it in the same
-  // async proxy, so no proxy fence) and releases it only once that store read it.
+  // (Staging::in_mainloop).
   template <class Thr, class Acc, class AtK>
-  static CUTE_DEVICE void mainloop(const P& p, S& s, Ring& ring, int kblocks, const Thr& thr, Acc& acc,
-                                   const AStore& st, const AtK& at_k) {
-    // A stage may be overwritten once every consumer warp's wgmmas that read it
-    // have completed, and any store of it has read it (this k-block's store, the
-    // latest group, may still be reading its own stage).
-    auto release = [&](int slot, bool last) {
-      if (st.map != nullptr) {
-        if (last) {
-          bulk_wait_reads();
-        } else {
-          bulk_wait_reads_but_latest();
-        }
-      }
+  static CUTE_DEVICE void mainloop(S& s, Ring& ring, int kblocks, const Thr& thr, Acc& acc, const AtK& at_k) {
+    // A stage may be overwritten once every consumer warp's wgmmas that read it have completed.
+    auto release = [&](int slot) {
       if (threadIdx.x % 32 == 0) mbar_arrive(&s.empty[slot]);
     };
     typename Cfg::TiledMma mma;
@@ -89,7 +50,6 @@ struct TileCompute {
     int prev = -1;
     for (int k = 0; k < kblocks; ++k) {
       mbar_wait(&s.full[ring.slot], ring.phase, "stage full");
-      if (st.map != nullptr) store_a_stage(p, s, st, ring.slot, st.k0 + k);
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
       CUTE_UNROLL
@@ -100,14 +60,14 @@ struct TileCompute {
       warpgroup_commit_batch();
       warpgroup_wait<1>();  // the previous k-block's batch is done: free its stage
       warpgroup_fence_operand(acc);
-      if (prev >= 0) release(prev, false);
+      if (prev >= 0) release(prev);
       at_k(k, kblocks);
       prev = ring.slot;
       ring.advance(kStages);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-    if (prev >= 0) release(prev, true);
+    if (prev >= 0) release(prev);
   }
 
   // Consumer thread 0: the staged tile t's TMA stores (Stage::kOutCols columns), in its bulk group.
@@ -160,7 +120,7 @@ struct TileCompute {
     phase(gemm::TilePhase::kClaimed);
     int a_k0 = 0, b_k0 = 0;
     const int kblocks = Loads::k_blocks(p, t, h, &a_k0, &b_k0);
-    mainloop(p, s, ring, kblocks, thr, acc, a_store(p, t, h, ctid, a_k0), stage.in_mainloop(p, s, t, h, ctid));
+    mainloop(s, ring, kblocks, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {

@@ -117,36 +117,6 @@ auto make_operand_tma(const bf16* p, int rows, int k, int ld) {
   return make_tma_copy(SM90_TMA_LOAD{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}));
 }
 
-// Device-side descriptors (sm_90a): *dst, in global memory (aligned as Tma),
-// becomes a copy of the descriptor object src with its tensor's base address
-// replaced by base: the same shape, strides, box and swizzle over other memory
-// (a peer's copy of our operand). tensormap.replace writes it in the generic
-// proxy, so the writer runs tensormap_release() before publishing it, and each
-// thread that will TMA through it runs tensormap_acquire() once after
-// acquiring that publication (PTX ISA, tensormap proxy).
-template <class Tma>
-CUTE_DEVICE void retarget_tma(Tma* dst, const Tma& src, const void* base) {
-  static_assert(sizeof(Tma) % 16 == 0, "copied as 16-byte words");
-  const uint4* from = reinterpret_cast<const uint4*>(&src);
-  uint4* to = reinterpret_cast<uint4*>(dst);
-  for (int i = 0; i < int(sizeof(Tma) / 16); ++i) to[i] = from[i];
-  asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;" ::"l"(dst->get_tma_descriptor()),
-               "l"(base)
-               : "memory");
-}
-CUTE_DEVICE void tensormap_release() { asm volatile("fence.proxy.tensormap::generic.release.gpu;" ::: "memory"); }
-CUTE_DEVICE void tensormap_acquire(const void* desc) {
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(desc) : "memory");
-}
-
-// TMA store of one ring stage of an operand back to global memory, box for box
-// as make_operand_tma loads it (same swizzle): a stage of A written out as it
-// was read (gemm/tile_hooks.h a_store).
-template <gemm::Major Mj, class Ring>
-auto make_operand_store_tma(bf16* p, int rows, int k, int ld) {
-  return make_tma_copy(SM90_TMA_STORE{}, gmem_operand<Mj>(p, rows, k, ld), Ring{}(_, _, Int<0>{}));
-}
-
 // TMA store of staged output boxes (Cfg::OutBox) into a row-major bf16 [rows, cols]
 // matrix with leading dimension ld; boxes past its edge are clipped by TMA.
 template <class Cfg>
@@ -174,7 +144,6 @@ struct Params {
   using TmaA = decltype(make_operand_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaB = decltype(make_operand_tma<Cfg::kMajorB, typename Cfg::RingB>(nullptr, 1, 1, 1));
   using TmaC = decltype(make_output_tma<Cfg>(nullptr, 1, 1, 1));
-  using TmaAStore = decltype(make_operand_store_tma<Cfg::kMajorA, typename Cfg::RingA>(nullptr, 1, 1, 1));
   using TmaBHalf = typename HalfTma<Cfg>::type;  // the split-B hook's box: kBN / 2 rows of B, in hooks' own parameters
   TmaA tma_a;
   TmaB tma_b;
