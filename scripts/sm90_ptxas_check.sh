@@ -38,6 +38,9 @@ for tu in "${TUS[@]}"; do
   kernels=$(grep -c 'Compiling entry function' "$OUT/$tu.log")
   echo "$tu: $kernels kernels, no wgmma serialisation; spill stores (bytes): ${spills% }"
 done
+# To see where spills sit, build a TU with -lineinfo and read it with nvdisasm -gi
+# (cuobjdump -sass -fun NAME for one kernel); where the toolkit lacks them, the
+# nvidia-cuda-nvdisasm and nvidia-cuda-cuobjdump wheels carry them (nvidia/cu13/bin/).
 # Spill bounds on the MoE megakernels' EP = 1 instantiations (kPeers = false, the
 # template's last argument: mangled "Lb0EEEv"), the launches the one-GPU benchmarks
 # time. When the EP > 1 row copies shared the kernel, ptxas spilled the dispatch
