@@ -38,6 +38,7 @@ inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kos
 int check_grouped(cudaStream_t s);
 // Times them on every MoE preset's balanced rows: the MoE benchmark's floor (grouped.cu).
 int bench_grouped(cudaStream_t s);
+int bench_grouped_stages(cudaStream_t s);  // the ring's depth: 3 stages against 4 with chunked staging
 // The backward's grouped GEMMs (dgrad, wgrad) on both schedules (grouped_bwd.cu): check, benchmark.
 int check_grouped_bwd(cudaStream_t s);
 int bench_grouped_bwd(cudaStream_t s);

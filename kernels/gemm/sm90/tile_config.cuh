@@ -88,6 +88,7 @@ struct TileConfig {
   // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
   static constexpr int kEpiPitch = kBN + 8;
   static constexpr int kEpiElems = kSmemEpilogue ? kBM * kEpiPitch : 8;
+  static constexpr bool kChunkedEpilogue = false;  // ChunkedTileConfig
   // A tile leaving by TMA store (epilogue.cuh) is staged instead as kBN / 64
   // boxes of [kBM][64] (128 bytes a row), each in the 128-byte-swizzled layout
   // the store reads: a warp's eight rows then also land on disjoint banks, and
@@ -99,6 +100,19 @@ struct TileConfig {
   static_assert(!kSmemEpilogue || (kBN % kOutBoxCols == 0 && kBN / kOutBoxCols * kOutBoxBytes <= kEpiElems * 2),
                 "the swizzled boxes fit the staged buffer");
   static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
+};
+
+// A TileConfig whose staged buffer holds two slots of one swizzled 64-column
+// box each (32 KB at 128 rows, not the whole tile's 66 KB): the tile leaves box
+// by box, a slot written again once the store two boxes back has read it
+// (tile_compute.cuh chunked_epilogue). The bytes saved make room for a fourth
+// 128x256 ring stage: 4 x 48 + 32 = 224 KB of the 227.
+template <gemm::Layout L, int BM_, int BN_, int Stages_>
+struct ChunkedTileConfig : TileConfig<L, BM_, BN_, Stages_> {
+  using Base = TileConfig<L, BM_, BN_, Stages_>;
+  static constexpr bool kChunkedEpilogue = true;
+  static constexpr int kEpiElems = 2 * Base::kOutBoxBytes / 2;
+  static_assert((BN_ / Base::kOutBoxCols) % 2 == 0, "an even number of boxes a tile: box j's slot is j % 2");
 };
 
 // The global operand as a (rows, K) tensor; rows is M for A and N for B, and
