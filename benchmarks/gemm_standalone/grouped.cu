@@ -16,10 +16,12 @@ namespace bench {
 namespace {
 
 using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;  // ops.matmul's 128x256
-// The same tile with a fourth ring stage, its output staged box by box (32 KB: chunked staging),
-// and at 3 stages with chunked staging (what the chunks alone cost).
+// The same tile with a fourth ring stage, its output staged box by box (two 16 KB slots:
+// chunked staging), at 3 stages chunked (what the chunks alone cost), and at 4 stages with
+// one slot (16 KB: what leaves room beside the ring for the MoE megakernels' layout copy).
 using Grouped4Cfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 4>;
 using Grouped3cCfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;
+using Grouped4s1Cfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 4, 1>;
 
 struct GroupedCase {
   std::vector<int> rows;  // real rows per expert (each padded to 128)
@@ -205,7 +207,8 @@ int check_grouped(cudaStream_t s) {
   for (const auto& c : cases) fails += !check_one<GroupedCfg>(c, ++seed, s);
   for (const auto& c : cases) fails += !check_one<Grouped4Cfg>(c, ++seed, s);
   for (const auto& c : cases) fails += !check_one<Grouped3cCfg>(c, ++seed, s);
-  printf("check grouped: %zu cases x 3 configurations, %d failed\n", cases.size(), fails);
+  for (const auto& c : cases) fails += !check_one<Grouped4s1Cfg>(c, ++seed, s);
+  printf("check grouped: %zu cases x 4 configurations, %d failed\n", cases.size(), fails);
   const std::vector<SwigluCase> swiglu = {
       {{300, 0, 1, 128, 77}, 256, 512},  // an empty expert, a one-row expert
       {{1, 0, 300, 77}, 768, 2048},      // Qwen3-30B-A3B's H and I
@@ -277,8 +280,8 @@ int bench_grouped(cudaStream_t s) {
 }
 
 // The ring's depth: each preset's plain grouped GEMM1 (no SwiGLU) and GEMM2 at
-// 3 stages (the whole tile staged), 3 with chunked staging and 4 with chunked
-// staging, interleaved a, b, c, c, b, a on the same inputs; ms are each
+// 3 stages (the whole tile staged), 3 chunked, 4 chunked and 4 chunked with one
+// slot, interleaved a, b, c, d, d, c, b, a on the same inputs; ms are each
 // configuration's two medians' mean.
 int bench_grouped_stages(cudaStream_t s) {
   struct Shape {
@@ -292,13 +295,14 @@ int bench_grouped_stages(cudaStream_t s) {
       {"Llama4-Scout GEMM1", 16, 512, 16384, 5120},    {"Llama4-Scout GEMM2", 16, 512, 5120, 8192},
       {"Llama4-Maverick GEMM2", 128, 128, 5120, 8192}, {"dense 8192^3", 1, 8192, 8192, 8192},
       {"DeepSeek-V3 shared GEMM1", 1, 8192, 4096, 7168}};
-  printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s | 4 chunked / 3 time |\n");
-  printf("| --- | --- | --- | --- | --- |\n");
+  printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s | 4 chunked / 3 time "
+         "| 4 chunked one slot / 3 |\n");
+  printf("| --- | --- | --- | --- | --- | --- |\n");
   double log_sum = 0;
   int n = 0, fails = 0;
   for (const Shape& g : shapes) {
     const int M = g.E * g.per;
-    __nv_bfloat16 *a, *b, *c[3];
+    __nv_bfloat16 *a, *b, *c[4];
     int* te;
     CK(cudaMalloc(&a, (size_t)M * g.K * 2)); CK(cudaMalloc(&b, (size_t)g.E * g.K * g.N * 2));
     for (auto& ci : c) CK(cudaMalloc(&ci, (size_t)M * g.N * 2));
@@ -313,23 +317,24 @@ int bench_grouped_stages(cudaStream_t s) {
         if (i == 0) CK(kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c[0], te, M, g.N, g.K, g.E, 0, s));
         if (i == 1) CK(kosmos::moe::grouped_gemm_launch<Grouped3cCfg>(a, b, c[1], te, M, g.N, g.K, g.E, 0, s));
         if (i == 2) CK(kosmos::moe::grouped_gemm_launch<Grouped4Cfg>(a, b, c[2], te, M, g.N, g.K, g.E, 0, s));
+        if (i == 3) CK(kosmos::moe::grouped_gemm_launch<Grouped4s1Cfg>(a, b, c[3], te, M, g.N, g.K, g.E, 0, s));
       };
     };
-    double t[3] = {0, 0, 0};
-    for (int i : {0, 1, 2, 2, 1, 0}) t[i] += 0.5 * median_ms(s, call(i));
+    double t[4] = {0, 0, 0, 0};
+    for (int i : {0, 1, 2, 3, 3, 2, 1, 0}) t[i] += 0.5 * median_ms(s, call(i));
     CK(cudaStreamSynchronize(s));
     // Same tiles, same k order: every configuration's output is the same bits.
     std::vector<uint16_t> h0((size_t)M * g.N), hi((size_t)M * g.N);
     CK(cudaMemcpy(h0.data(), c[0], h0.size() * 2, cudaMemcpyDeviceToHost));
     bool same = true;
-    for (int i = 1; i < 3; ++i) {
+    for (int i = 1; i < 4; ++i) {
       CK(cudaMemcpy(hi.data(), c[i], hi.size() * 2, cudaMemcpyDeviceToHost));
       same = same && memcmp(h0.data(), hi.data(), h0.size() * 2) == 0;
     }
     const double flop = 2.0 * M * g.N * g.K;
-    printf("| %s (%d x %d x %d x %d) | %.3f / %.0f | %.3f (%.3f) | %.3f / %.0f | %.3f%s |\n", g.name, g.E, g.per, g.N,
-           g.K, t[0], flop / t[0] * 1e-9, t[1], t[1] / t[0], t[2], flop / t[2] * 1e-9, t[2] / t[0],
-           same ? "" : " (OUTPUTS DIFFER)");
+    printf("| %s (%d x %d x %d x %d) | %.3f / %.0f | %.3f (%.3f) | %.3f / %.0f | %.3f | %.3f%s |\n", g.name, g.E,
+           g.per, g.N, g.K, t[0], flop / t[0] * 1e-9, t[1], t[1] / t[0], t[2], flop / t[2] * 1e-9, t[2] / t[0],
+           t[3] / t[0], same ? "" : " (OUTPUTS DIFFER)");
     fflush(stdout);
     log_sum += std::log(t[2] / t[0]), ++n, fails += !same;
     CK(cudaFree(a)); CK(cudaFree(b)); for (auto& ci : c) CK(cudaFree(ci)); CK(cudaFree(te));

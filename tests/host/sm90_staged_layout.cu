@@ -105,9 +105,9 @@ int check_halves(const char* name) {
 // of a whole buffer, moved to the slot, and stay inside it.
 template <class Cfg>
 int check_chunked(const char* name) {
-  static_assert(Cfg::kChunkedEpilogue && Cfg::kEpiElems * 2 == 2 * Cfg::kOutBoxBytes, "two one-box slots");
+  static_assert(Cfg::kChunkedEpilogue && Cfg::kEpiElems * 2 == Cfg::kSlots * Cfg::kOutBoxBytes, "one-box slots");
   int bad = 0;
-  for (int slot = 0; slot < 2; ++slot)
+  for (int slot = 0; slot < Cfg::kSlots; ++slot)
     for (int rw = 0; rw < Cfg::kBM; rw += 16)
       for (int lane = 0; lane < 32; ++lane)
         for (int q = 0; q < Cfg::kBN / 16; ++q) {
@@ -127,6 +127,7 @@ int main() {
                   check<sm90::TileConfig<gemm::Layout::TN, 128, 192, 4>>("128x192") +
                   check<sm90::TileConfig<gemm::Layout::NN, 128, 128, 5>>("128x128") +
                   check_chunked<sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 4>>("128x256x4 chunked") +
+                  check_chunked<sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 4, 1>>("128x256x4 one slot") +
                   check_halves<sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>>("TN 128x256") +
                   check_halves<sm90::TileConfig<gemm::Layout::TN, 128, 128, 5>>("TN 128x128") +
                   check_halves<sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>>("NN 128x256") +

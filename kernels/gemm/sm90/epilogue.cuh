@@ -160,7 +160,7 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
 template <class Cfg, class OutT, bool kBoxes, bool kAddStaged = false, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
-  static_assert(!Cfg::kChunkedEpilogue, "a chunked buffer holds two boxes: stage_box");
+  static_assert(!Cfg::kChunkedEpilogue, "a chunked buffer holds one or two boxes: stage_box");
   static_assert(decltype(size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int rw = get<0>(coord(0)) & ~15;  // the warp's first row

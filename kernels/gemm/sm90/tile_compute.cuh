@@ -106,10 +106,10 @@ struct TileCompute {
   }
 
   // Consumers, chunked staging (Cfg::kChunkedEpilogue): tile t leaves box by
-  // box through the buffer's two slots. Box j waits only for the store of box
-  // j - 2 (this tile's, or the previous tile's last two: a tile has an even
-  // number of boxes) to have read its slot, so the stores of one box overlap
-  // the staging of the next and the tile's last two stores the next mainloop.
+  // box through the buffer's slots. With two, box j waits only for the store
+  // of box j - 2 (this tile's, or the previous tile's last two: a tile has an
+  // even number of boxes) to have read its slot, so the store of one box
+  // overlaps the staging of the next; with one, for the store of box j - 1.
   template <class Thr, class Acc>
   static CUTE_DEVICE void chunked_epilogue(const P& p, S& s, gemm::TileCoord t, int ctid, const Thr& thr,
                                            const Acc& acc) {
@@ -118,14 +118,18 @@ struct TileCompute {
                   "chunked staging: plain tiles of the problem's C only");
     CUTE_UNROLL
     for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j) {
-      if (ctid == 0) bulk_wait_reads_but_last();  // the slot's last store (box j - 2) has read it
+      const int slot = Cfg::kSlots == 2 ? j % 2 : 0;
+      if (ctid == 0) {  // the slot's last store has read it
+        if constexpr (Cfg::kSlots == 2) bulk_wait_reads_but_last();
+        else bulk_wait_reads();
+      }
       named_barrier(kConsumerBarrier, kConsumerThreads);
-      stage_box<Cfg>(s, thr, acc, j, j % 2);
+      stage_box<Cfg>(s, thr, acc, j, slot);
       smem_to_async_proxy_fence();
       named_barrier(kConsumerBarrier, kConsumerThreads);  // the box is staged
       if (ctid == 0) {
         store_boxes<Cfg, Cfg::kOutBoxCols>(
-            s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN + j * Cfg::kOutBoxCols}, j % 2);
+            s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN + j * Cfg::kOutBoxCols}, slot);
         bulk_commit();
       }
     }
