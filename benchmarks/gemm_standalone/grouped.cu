@@ -295,8 +295,8 @@ int bench_grouped_stages(cudaStream_t s) {
       {"Llama4-Scout GEMM1", 16, 512, 16384, 5120},    {"Llama4-Scout GEMM2", 16, 512, 5120, 8192},
       {"Llama4-Maverick GEMM2", 128, 128, 5120, 8192}, {"dense 8192^3", 1, 8192, 8192, 8192},
       {"DeepSeek-V3 shared GEMM1", 1, 8192, 4096, 7168}};
-  printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s | 4 chunked / 3 time "
-         "| 4 chunked one slot / 3 |\n");
+  printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s "
+         "| 4 chunked / 3 time | 4 chunked one slot / 3 |\n");
   printf("| --- | --- | --- | --- | --- | --- |\n");
   double log_sum = 0;
   int n = 0, fails = 0;

@@ -7,8 +7,9 @@
 // check covers where a TMA load lands); and the split-B hook's claim that a B
 // stage's row halves are RingBHalf stages at its base and half-way (both
 // majors), and the SwiGLU staging's that accumulator i + kBN / 4 is column
-// c + kBN / 2 of accumulator i's row; and chunked staging's box slots. Built by tests/test_sm90_layout.py
-// with nvcc (CuTe headers from nvidia-cutlass); prints "ok" or the mismatches.
+// c + kBN / 2 of accumulator i's row; and chunked staging's box slots. Built
+// by tests/test_sm90_layout.py with nvcc (CuTe headers from nvidia-cutlass);
+// prints "ok" or the mismatches.
 #include <cstdio>
 #include <type_traits>
 
