@@ -8,12 +8,11 @@
 namespace kosmos {
 namespace {
 
-// The forward's configuration (128x256 tiles, 4 ring stages, the tile staged
-// box by box through one 16 KB slot: room for the layout's copy) in the
-// backward's two layouts: the dgrads K-major x K-major, the wgrads MN-major x
-// MN-major (gemm/tile_problem.h).
-using DgradCfg = sm90::ChunkedTileConfig<gemm::Layout::NN, 128, 256, 4, 1>;
-using WgradCfg = sm90::ChunkedTileConfig<gemm::Layout::NT, 128, 256, 4, 1>;
+// The engine's wide configuration (128x256, 3 stages, staged epilogue), as the
+// forward's, in the backward's two layouts: the dgrads K-major x K-major, the
+// wgrads MN-major x MN-major (gemm/tile_problem.h).
+using DgradCfg = sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>;
+using WgradCfg = sm90::TileConfig<gemm::Layout::NT, 128, 256, 3>;
 // The kernel's two instantiations (kPeers: EP = 1 and EP > 1).
 Sm90StatePair g_state;
 

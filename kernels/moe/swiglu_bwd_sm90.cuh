@@ -107,52 +107,6 @@ struct SwigluBwdStaging {
   }
 
   CUTE_DEVICE void unstaged(Hooks&, gemm::TileCoord) {}
-
-  // Chunked staging (gemm/sm90/staging.cuh): box b of d(gate) (chunk 2b), then
-  // the box of d(up) at the same columns (chunk 2b + 1), whose values the
-  // d(gate) box computes and keeps in du_ meanwhile (one box's 32 a thread,
-  // not the tile's 128). Boxes wholly past I hold no column of dh1: they do
-  // not leave.
-  static constexpr int kBoxAcc = Cfg::kOutBoxCols / 2;  // a box's accumulators a thread: 4 steps of 8
-  static constexpr int kChunks = 2 * (Cfg::kBN / Cfg::kOutBoxCols);
-  float du_[kBoxAcc];
-  CUTE_DEVICE bool chunk(const P&, gemm::TileCoord t, Hooks& h, int j, sm90::StoreBox<typename P::TmaC>* box) {
-    *box = j % 2 == 0 ? h.gate_box(t) : h.store_box(t);
-    box->col0 += j / 2 * Cfg::kOutBoxCols;
-    return box->col0 < h.preact_cols();
-  }
-  template <int kChunk, class Thr, class Acc>
-  CUTE_DEVICE void stage_chunk(S& s, gemm::TileCoord t, Hooks& h, const Thr& thr, const Acc& acc, int slot) {
-    if constexpr (kChunk % 2 == 1) {
-      sm90::stage_box_with<Cfg>(s, thr, slot, [&](int u, int j) {
-        return sm90::pack_bf16x2(du_[8 * u + 2 * j], du_[8 * u + 2 * j + 1]);
-      });
-    } else {
-      constexpr int kI0 = kChunk / 2 * kBoxAcc;  // the box's first accumulator (stage()'s steps 4b to 4b + 3)
-      auto coord = thr.partition_C(cute::make_identity_tensor(cute::Shape<typename Cfg::BM, typename Cfg::BN>{}));
-      const gemm::bf16* const rows[2] = {h.preact_row(t, cute::get<0>(coord(0))),
-                                         h.preact_row(t, cute::get<0>(coord(2)))};
-      const int I = h.preact_cols(), c0 = t.n * Cfg::kBN;
-      uint32_t gp[kBoxAcc / 2], up[kBoxAcc / 2];
-      CUTE_UNROLL
-      for (int v = 0; v < kBoxAcc / 2; ++v) {  // loads first: the box's 32 in flight
-        const int i = kI0 + 2 * v, c = c0 + cute::get<1>(coord(i));
-        const gemm::bf16* row = rows[(i >> 1) & 1];
-        const bool in = row != nullptr && c < I;
-        gp[v] = in ? __ldg(reinterpret_cast<const uint32_t*>(row + c)) : 0u;
-        up[v] = in ? __ldg(reinterpret_cast<const uint32_t*>(row + I + c)) : 0u;
-      }
-      sm90::stage_box_with<Cfg>(s, thr, slot, [&](int u, int j) {
-        const int v = 4 * u + j, i = kI0 + 2 * v;
-        float g0, g1, u0, u1, dg0, dg1;
-        unpack(gp[v], &g0, &g1);
-        unpack(up[v], &u0, &u1);
-        moe_swiglu_bwd(acc(i), g0, u0, &dg0, &du_[2 * v]);
-        moe_swiglu_bwd(acc(i + 1), g1, u1, &dg1, &du_[2 * v + 1]);
-        return sm90::pack_bf16x2(dg0, dg1);
-      });
-    }
-  }
 };
 
 }  // namespace kosmos::moe

@@ -105,7 +105,7 @@ struct SwigluStaging {
     return true;
   }
   template <int kBox, class Thr, class Acc>
-  CUTE_DEVICE void stage_chunk(S& s, gemm::TileCoord, Hooks&, const Thr& thr, const Acc& acc, int slot) {
+  CUTE_DEVICE void stage_chunk(S& s, const Thr& thr, const Acc& acc, int slot) {
     if constexpr (kBox < kPreBoxes) {
       sm90::stage_box<Cfg, kBox>(s, thr, acc, slot);  // gate | up, rounded as the twin's h1
     } else {

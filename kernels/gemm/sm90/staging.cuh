@@ -25,8 +25,7 @@
 //  chunk(p, t, h, j, &box)         consumers: where box j of tile t goes, or
 //                                  false if it does not leave (the same answer
 //                                  in every consumer thread)
-//  stage_chunk<j>(s, t, h, thr, acc, slot)  consumers: box j's values into
-//                                  slot (after chunk(.., j, ..) said it leaves)
+//  stage_chunk<j>(s, thr, acc, slot)  consumers: box j's values into slot
 //
 // PlainStaging rounds the tile in. GEMM+RS's fold passes its own
 // (tp/rs_fold_sm90.cuh: it sums the peers' partials into the tile, one of
@@ -65,8 +64,7 @@ struct PlainStaging {
     return true;
   }
   template <int kBox, class Thr, class Acc>
-  CUTE_DEVICE void stage_chunk(SharedStorage<Cfg>& s, gemm::TileCoord, Hooks&, const Thr& thr, const Acc& acc,
-                               int slot) {
+  CUTE_DEVICE void stage_chunk(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int slot) {
     stage_box<Cfg, kBox>(s, thr, acc, slot);
   }
 };

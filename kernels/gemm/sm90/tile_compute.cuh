@@ -125,7 +125,7 @@ struct TileCompute {
         else bulk_wait_reads();
       }
       named_barrier(kConsumerBarrier, kConsumerThreads);
-      stage.template stage_chunk<decltype(j)::value>(s, t, h, thr, acc, slot);
+      stage.template stage_chunk<decltype(j)::value>(s, thr, acc, slot);
       smem_to_async_proxy_fence();
       named_barrier(kConsumerBarrier, kConsumerThreads);  // the box is staged
       if (ctid == 0) {
