@@ -9,9 +9,9 @@ namespace kosmos {
 namespace {
 
 // The engine's wide configuration (128x256): a GEMM1 tile is 128 gate and 128
-// up columns, a GEMM2 tile 256 of hidden. Four ring stages beside a one-box
-// staged buffer (chunked staging), which leaves room for the layout's copy.
-using MoeCfg = sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 4, 1>;
+// up columns, a GEMM2 tile 256 of hidden. Three ring stages beside a two-box
+// staged buffer (chunked staging).
+using MoeCfg = sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 3, 2>;
 // The kernel's two instantiations (kPeers: EP = 1 and EP > 1).
 Sm90StatePair g_state;
 
