@@ -8,10 +8,9 @@
 namespace kosmos {
 namespace {
 
-// The engine's wide configuration (128x256): a GEMM1 tile is 128 gate and 128
-// up columns, a GEMM2 tile 256 of hidden. Three ring stages beside a two-box
-// staged buffer (chunked staging).
-using MoeCfg = sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 3, 2>;
+// The engine's wide configuration (128x256, 3 stages, staged epilogue): a
+// GEMM1 tile is 128 gate and 128 up columns, a GEMM2 tile 256 of hidden.
+using MoeCfg = sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>;
 // The kernel's two instantiations (kPeers: EP = 1 and EP > 1).
 Sm90StatePair g_state;
 

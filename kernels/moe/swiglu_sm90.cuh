@@ -82,40 +82,6 @@ struct SwigluStaging {
   }
 
   CUTE_DEVICE void unstaged(Hooks&, gemm::TileCoord) {}
-
-  // Chunked staging (gemm/sm90/staging.cuh): where kept, the pre-activations'
-  // gate boxes (0, 1: the accumulator's columns [0, 128)) and up boxes (2, 3),
-  // then h's two boxes, each where the whole-tile stage() would send it.
-  static constexpr bool kPreacts = gemm::keeps_preact_v<Hooks>;
-  static constexpr int kPreBoxes = kPreacts ? Cfg::kBN / Cfg::kOutBoxCols : 0;
-  static constexpr int kChunks = kPreBoxes + kOutCols / Cfg::kOutBoxCols;
-  CUTE_DEVICE bool chunk(const P&, gemm::TileCoord t, Hooks& h, int j, sm90::StoreBox<typename P::TmaC>* box) {
-    constexpr int kHalf = kPreBoxes / 2;  // boxes of the gate half
-    if constexpr (kPreacts) {
-      if (j < kPreBoxes) {
-        sm90::StoreBox<typename P::TmaC> gate, up;
-        if (!h.preact_box(t, &gate, &up)) return false;
-        *box = j < kHalf ? gate : up;
-        box->col0 += (j % kHalf) * Cfg::kOutBoxCols;
-        return true;
-      }
-    }
-    *box = h.store_box(t);
-    box->col0 += (j - kPreBoxes) * Cfg::kOutBoxCols;
-    return true;
-  }
-  template <int kBox, class Thr, class Acc>
-  CUTE_DEVICE void stage_chunk(S& s, const Thr& thr, const Acc& acc, int slot) {
-    if constexpr (kBox < kPreBoxes) {
-      sm90::stage_box<Cfg, kBox>(s, thr, acc, slot);  // gate | up, rounded as the twin's h1
-    } else {
-      constexpr int kUp = Cfg::kBN / 4, kH = kBox - kPreBoxes;  // h's box kH: steps 4 kH + u of stage()
-      sm90::stage_box_with<Cfg>(s, thr, slot, [&](int u, int j) {
-        const int i = 8 * (4 * kH + u) + 2 * j;
-        return sm90::pack_bf16x2(moe_swiglu(acc(i), acc(i + kUp)), moe_swiglu(acc(i + 1), acc(i + 1 + kUp)));
-      });
-    }
-  }
 };
 
 }  // namespace kosmos::moe

@@ -193,39 +193,29 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
   }
 }
 
-// Consumer threads, chunked staging (Cfg::kChunkedEpilogue): one box of 64
-// output columns into buffer slot `slot`, four stmatrix steps of a box as
-// stage_tile takes them. pack(u, j) is the bf16 pair of the thread's register
-// j of step u (u, j < 4, compile-time once unrolled): the pair of columns
-// 8 * (2u + j / 2) + 2 (lane % 4) of the box, rows r and r + 8 as j is even or
-// odd (the accumulator order of stage_tile).
-template <class Cfg, class Thr, class Pack>
-CUTE_DEVICE void stage_box_with(SharedStorage<Cfg>& s, const Thr& thr, int slot, const Pack& pack) {
-  static_assert(Cfg::kChunkedEpilogue, "chunked staging");
+// Consumer threads, chunked staging (Cfg::kChunkedEpilogue): box `box` of the
+// tile's accumulators (columns 64 * box onward) into buffer slot `slot`, as
+// stage_tile would stage it into box `box` of a whole buffer.
+template <class Cfg, class Thr, class Acc>
+CUTE_DEVICE void stage_box(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int box, int slot) {
+  static_assert(Cfg::kChunkedEpilogue && decltype(size(acc))::value == Cfg::kBN / 2, "chunked staging");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int rw = get<0>(coord(0)) & ~15;
-  // Box 0's swizzle pattern at the slot's base: the slot is whole 1024-byte
-  // swizzle periods, and steps 4b + u of box b use step u's chunk pattern.
   const uint32_t lane_at = smem_u32(s.c) + stmatrix_lane_offset<Cfg, true>(rw, int(threadIdx.x % 32)) +
                            uint32_t(slot * Cfg::kOutBoxBytes);
+  constexpr int kStepsPerBox = Cfg::kOutBoxCols / 16;
   CUTE_UNROLL
-  for (int u = 0; u < Cfg::kOutBoxCols / 16; ++u) {
-    uint32_t r[4];
+  for (int b = 0; b < Cfg::kBN / Cfg::kOutBoxCols; ++b) {
+    if (b != box) continue;  // box is a runtime value: the unrolled branches keep acc's indices compile-time
     CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) r[j] = pack(u, j);
-    stmatrix_x4(stmatrix_offset<Cfg, true>(lane_at, u), r);
+    for (int u = 0; u < kStepsPerBox; ++u) {
+      const int q = b * kStepsPerBox + u;
+      uint32_t r[4];
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
+      stmatrix_x4(stmatrix_offset<Cfg, true>(lane_at, u), r);  // steps 0-3 of a box: its chunk pattern, box 0
+    }
   }
-}
-
-// Box kBox of the tile's accumulators, rounded, as stage_tile would stage it
-// into box kBox of a whole buffer.
-template <class Cfg, int kBox, class Thr, class Acc>
-CUTE_DEVICE void stage_box(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int slot) {
-  static_assert(decltype(size(acc))::value == Cfg::kBN / 2 && kBox < Cfg::kBN / Cfg::kOutBoxCols, "a box of the tile");
-  stage_box_with<Cfg>(s, thr, slot, [&](int u, int j) {
-    const int i = 8 * (4 * kBox + u) + 2 * j;
-    return pack_bf16x2(acc(i), acc(i + 1));
-  });
 }
 
 // Where a staged tile leaves by TMA store: `map` (in parameter space) over a

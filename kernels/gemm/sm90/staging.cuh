@@ -19,14 +19,6 @@
 //  kOutCols                        the columns stage() puts in s.c (kBN, or
 //                                  fewer: the first kOutCols / 64 boxes leave)
 //
-// With chunked staging (Cfg::kChunkedEpilogue: the buffer holds one or two
-// 64-column boxes, gemm/sm90/tile_config.cuh ChunkedTileConfig) a tile leaves
-// as a stream of up to kChunks boxes instead of stage():
-//  chunk(p, t, h, j, &box)         consumers: where box j of tile t goes, or
-//                                  false if it does not leave (the same answer
-//                                  in every consumer thread)
-//  stage_chunk<j>(s, thr, acc, slot)  consumers: box j's values into slot
-//
 // PlainStaging rounds the tile in. GEMM+RS's fold passes its own
 // (tp/rs_fold_sm90.cuh: it sums the peers' partials into the tile, one of
 // them prefetched under the mainloop), so the engine carries no op's epilogue.
@@ -39,7 +31,6 @@ namespace kosmos::sm90 {
 template <class Cfg, class OutT, bool kBoxes, class Hooks>
 struct PlainStaging {
   static constexpr int kOutCols = Cfg::kBN;
-  static constexpr int kChunks = Cfg::kBN / Cfg::kOutBoxCols;
   static CUTE_DEVICE void init(SharedStorage<Cfg>&) {}
   CUTE_DEVICE void after_loads(const Params<Cfg>&, SharedStorage<Cfg>&, gemm::TileCoord, Hooks&) {}
   CUTE_DEVICE auto in_mainloop(const Params<Cfg>&, SharedStorage<Cfg>&, gemm::TileCoord, Hooks&, int) {
@@ -52,21 +43,6 @@ struct PlainStaging {
     phase(gemm::TilePhase::kStaged);
   }
   CUTE_DEVICE void unstaged(Hooks&, gemm::TileCoord) {}
-
-  CUTE_DEVICE bool chunk(const Params<Cfg>& p, gemm::TileCoord t, Hooks& h, int j,
-                         StoreBox<typename Params<Cfg>::TmaC>* box) {
-    if constexpr (Hooks::kMapsRows) {
-      *box = h.store_box(t);
-      box->col0 += j * Cfg::kOutBoxCols;
-    } else {
-      *box = {&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN + j * Cfg::kOutBoxCols};
-    }
-    return true;
-  }
-  template <int kBox, class Thr, class Acc>
-  CUTE_DEVICE void stage_chunk(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int slot) {
-    stage_box<Cfg, kBox>(s, thr, acc, slot);
-  }
 };
 
 }  // namespace kosmos::sm90

@@ -84,7 +84,6 @@ struct TileCompute {
   struct InFlight {
     gemm::TileCoord t{0, 0};
     bool valid = false;
-    int boxes = 0;  // chunked staging: boxes stored so far (their slots alternate)
   };
 
   // Consumers, before the staged buffer is written again (or at exit): the
@@ -106,33 +105,34 @@ struct TileCompute {
     f.valid = false;
   }
 
-  // Consumers, chunked staging (Cfg::kChunkedEpilogue): the previous tile
-  // retired as in the whole-tile path, then tile t leaves as the staging's
-  // stream of boxes through the buffer's slots. With two, a box waits only
-  // for the store two boxes back to have read its slot, so the store of one
-  // box overlaps the staging of the next; with one, for the last store.
+  // Consumers, chunked staging (Cfg::kChunkedEpilogue): tile t leaves box by
+  // box through the buffer's slots. With two, box j waits only for the store
+  // of box j - 2 (this tile's, or the previous tile's last two: a tile has an
+  // even number of boxes) to have read its slot, so the store of one box
+  // overlaps the staging of the next; with one, for the store of box j - 1.
   template <class Thr, class Acc>
-  static CUTE_DEVICE void chunked_epilogue(const P& p, S& s, gemm::TileCoord t, Hooks& h, int ctid, const Thr& thr,
-                                           const Acc& acc, Stage& stage, InFlight& f) {
-    static_assert(kBoxes, "chunked staging leaves by TMA store: hooks that map rows name store boxes");
-    retire<false>(s, f, ctid);
-    cute::for_each(make_seq<Stage::kChunks>{}, [&](auto j) {
-      StoreBox<typename P::TmaC> box;
-      if (!stage.chunk(p, t, h, int(j), &box)) return;
-      const int slot = Cfg::kSlots == 2 ? f.boxes++ & 1 : 0;
+  static CUTE_DEVICE void chunked_epilogue(const P& p, S& s, gemm::TileCoord t, int ctid, const Thr& thr,
+                                           const Acc& acc) {
+    static_assert(kBoxes && !Hooks::kMapsRows && !Hooks::kTileDone &&
+                      std::is_same_v<Stage, PlainStaging<Cfg, OutT, kBoxes, Hooks>>,
+                  "chunked staging: plain tiles of the problem's C only");
+    CUTE_UNROLL
+    for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j) {
+      const int slot = Cfg::kSlots == 2 ? j % 2 : 0;
       if (ctid == 0) {  // the slot's last store has read it
         if constexpr (Cfg::kSlots == 2) bulk_wait_reads_but_last();
         else bulk_wait_reads();
       }
       named_barrier(kConsumerBarrier, kConsumerThreads);
-      stage.template stage_chunk<decltype(j)::value>(s, thr, acc, slot);
+      stage_box<Cfg>(s, thr, acc, j, slot);
       smem_to_async_proxy_fence();
       named_barrier(kConsumerBarrier, kConsumerThreads);  // the box is staged
       if (ctid == 0) {
-        store_boxes<Cfg, Cfg::kOutBoxCols>(s, box, slot);
+        store_boxes<Cfg, Cfg::kOutBoxCols>(
+            s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN + j * Cfg::kOutBoxCols}, slot);
         bulk_commit();
       }
-    });
+    }
   }
 
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
@@ -154,7 +154,7 @@ struct TileCompute {
     phase(gemm::TilePhase::kComputed);
     if constexpr (Cfg::kChunkedEpilogue) {
       if (smem_epilogue(p)) {
-        chunked_epilogue(p, s, t, h, ctid, thr, acc, stage, f);
+        chunked_epilogue(p, s, t, ctid, thr, acc);
         phase(gemm::TilePhase::kIssued);
         f.t = t, f.valid = true;
         return;
