@@ -3,7 +3,7 @@
 # checkout ("ref"), built side by side and measured in the same device call, so
 # both see one GPU state (issue 22's "same bits, same speed" check).
 #   git archive --prefix=.ref/ <commit> | tar x     # the reference tree, carried as .ref (or REF=dir)
-#   bash scripts/gpu_ab.sh [build|hashes|bench|all|moe|tests]   (default all)
+#   bash scripts/gpu_ab.sh [build|hashes|bench|all|moe|tests|timeline]   (default all)
 # build   both trees into build/site_{new,ref} (ignored; a warm machine keeps them, so
 #         a later call rebuilds incrementally)
 # hashes  scripts/kernel_hashes.py with each tree, then the keys whose output bytes differ
@@ -21,6 +21,10 @@
 #         pre-activations, which the fused arm's forward-only launch does not)
 # tests   pytest over TESTS (default tests/gpu; extra args go to pytest) on the new tree's
 #         build, for a call that follows the A/B on a warm machine without a third build
+# timeline  both trees built with KOSMOS_TRACE (build/site_{new,ref}_trace), then one traced
+#         fused forward of each preset in TIMELINE (default deepseek-v3) in each tree
+#         (benchmarks/moe.py --timeline; TIMELINE_ARGS=--timeline-step: a training step):
+#         each role's and GEMM kind's span side by side, to say which phase a change moved
 # Logs and CSVs go to $OUT/gpu_ab.tgz ($OUT default ./out). BUDGET_S bounds the benchmarks.
 # Never changes clocks or resets a GPU; NVLink multicast stays off (DESIGN.md §4).
 set -uo pipefail
@@ -44,22 +48,23 @@ if ! $PY -c 'import cutlass_library' 2>/dev/null; then
 fi
 BASE_PATH=${PYTHONPATH:-}
 
-build_tree() {  # $1 source tree, $2 name
+build_tree() {  # $1 source tree, $2 name (a name ending _trace: a KOSMOS_TRACE build)
   $PY -m pip install -q --no-build-isolation --no-deps --upgrade --target "$ROOT/build/site_$2" "$1" \
-    -Ccmake.define.KOSMOS_CUDA=on -Cbuild-dir="$ROOT/build/ab_$2" > "$OUT/build_$2.log" 2>&1
+    -Ccmake.define.KOSMOS_CUDA=on $([[ $2 == *_trace ]] && echo -Ccmake.define.KOSMOS_TRACE=ON) \
+    -Cbuild-dir="$ROOT/build/ab_$2" > "$OUT/build_$2.log" 2>&1
 }
 
 in_tree() {  # $1 name, rest: a command run from that tree with its build first on the path
   local name=$1 dir; shift
-  dir=$([ "$name" = ref ] && echo "$REF" || echo "$ROOT")
+  dir=$([[ $name == ref* ]] && echo "$REF" || echo "$ROOT")
   (cd "$dir" && PYTHONPATH="$ROOT/build/site_$name${BASE_PATH:+:$BASE_PATH}" "$@")
 }
 
-do_build() {  # $@: which trees (new, ref)
+do_build() {  # $@: which trees (new, ref; new_trace, ref_trace)
   local t0=$SECONDS pids=() t
   for t in "$@"; do
-    [ "$t" = new ] || [ -n "$REF" ] || { echo "no reference tree: set REF (see the top of $0)"; exit 2; }
-    build_tree "$([ "$t" = ref ] && echo "$REF" || echo "$ROOT")" "$t" & pids+=($!)
+    [[ $t == new* ]] || [ -n "$REF" ] || { echo "no reference tree: set REF (see the top of $0)"; exit 2; }
+    build_tree "$([[ $t == ref* ]] && echo "$REF" || echo "$ROOT")" "$t" & pids+=($!)
   done
   for t in "$@"; do
     wait "${pids[0]}" || { echo "BUILD FAILED ($t)"; tail -40 "$OUT/build_$t.log"; exit 1; }
@@ -175,6 +180,20 @@ do_tests() {
     $(for t in ${TESTS:-tests/gpu}; do echo "$ROOT/$t"; done) "$@" 2>&1 | tee "$OUT/pytest.log" | tail -15)
 }
 
+do_timeline() {
+  local preset t
+  for preset in $(echo "${TIMELINE:-deepseek-v3}" | tr , ' '); do
+    for t in ref_trace new_trace; do
+      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || break 2
+      mkdir -p "$OUT/tl_${t%_trace}"  # the PNGs (moe.py copies them into its OUT); the JSON stays in /tmp
+      OUT="$OUT/tl_${t%_trace}" in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --timeline "$preset" \
+        --routing balanced ${TIMELINE_ARGS:-} --out-dir "/tmp/tl_$t" > "$OUT/timeline_${preset}_${t%_trace}.log" 2>&1
+      echo "timeline $preset (${t%_trace}) rc=$? at ${SECONDS}s"
+      grep -v "^WARNING" "$OUT/timeline_${preset}_${t%_trace}.log" | tail -20
+    done
+  done
+}
+
 case "$step" in
   build) do_build new ref ;;
   hashes) do_build new ref; do_hashes ;;
@@ -182,5 +201,6 @@ case "$step" in
   all) do_build new ref; do_hashes; do_bench ;;
   moe) do_build new ref; do_moe ;;
   tests) do_build new; do_tests "$@" ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  timeline) do_build new_trace ref_trace; do_timeline ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac
