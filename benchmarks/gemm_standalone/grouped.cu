@@ -295,6 +295,10 @@ int bench_grouped_stages(cudaStream_t s) {
       {"Llama4-Scout GEMM1", 16, 512, 16384, 5120},    {"Llama4-Scout GEMM2", 16, 512, 5120, 8192},
       {"Llama4-Maverick GEMM2", 128, 128, 5120, 8192}, {"dense 8192^3", 1, 8192, 8192, 8192},
       {"DeepSeek-V3 shared GEMM1", 1, 8192, 4096, 7168}};
+  using kosmos::moe::grouped_gemm_launch;  // the four configurations in the table's column order
+  const decltype(&grouped_gemm_launch<GroupedCfg>) launch[4] = {
+      &grouped_gemm_launch<GroupedCfg>, &grouped_gemm_launch<Grouped3cCfg>, &grouped_gemm_launch<Grouped4Cfg>,
+      &grouped_gemm_launch<Grouped4s1Cfg>};
   printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s "
          "| 4 chunked / 3 time | 4 chunked one slot / 3 |\n");
   printf("| --- | --- | --- | --- | --- | --- |\n");
@@ -312,14 +316,7 @@ int bench_grouped_stages(cudaStream_t s) {
     CK(cudaMemcpy(te, tile_expert.data(), tile_expert.size() * sizeof(int), cudaMemcpyHostToDevice));
     fill_random<<<1024, 256, 0, s>>>(a, (size_t)M * g.K, 21);
     fill_random<<<1024, 256, 0, s>>>(b, (size_t)g.E * g.K * g.N, 22);
-    auto call = [&](int i) {
-      return [&, i] {
-        if (i == 0) CK(kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c[0], te, M, g.N, g.K, g.E, 0, s));
-        if (i == 1) CK(kosmos::moe::grouped_gemm_launch<Grouped3cCfg>(a, b, c[1], te, M, g.N, g.K, g.E, 0, s));
-        if (i == 2) CK(kosmos::moe::grouped_gemm_launch<Grouped4Cfg>(a, b, c[2], te, M, g.N, g.K, g.E, 0, s));
-        if (i == 3) CK(kosmos::moe::grouped_gemm_launch<Grouped4s1Cfg>(a, b, c[3], te, M, g.N, g.K, g.E, 0, s));
-      };
-    };
+    auto call = [&](int i) { return [&, i] { CK(launch[i](a, b, c[i], te, M, g.N, g.K, g.E, 0, s)); }; };
     double t[4] = {0, 0, 0, 0};
     for (int i : {0, 1, 2, 3, 3, 2, 1, 0}) t[i] += 0.5 * median_ms(s, call(i));
     CK(cudaStreamSynchronize(s));
