@@ -23,8 +23,7 @@
 #              NCU_SHAPES="70B-FC1-MBS1 8B-FC1-MBS4" (TN), TESTS=tests/gpu/test_matmul.py|none
 #   engine     SHAPES=quick|all|none, ALL_TILES=1 (every tile shape alone), BENCH_TIMEOUT=300,
 #              GROUPED=1 (also time the MoE expert GEMMs and weight gradients on the presets:
-#              the MoE floors), STAGES=1 (the grouped GEMMs at 3 ring stages against 4 with
-#              chunked staging),
+#              the MoE floors),
 #              CUTLASS_INCLUDE=DIR (default: the nvidia-cutlass package, or the wheel in .whl/),
 #              BUILD_DIR=build/gemm_standalone
 #   tp_sp      TESTS=... (default: loopback, the push tests, then the fused suites), SHAPES=all,
@@ -145,8 +144,6 @@ bench_engine() {
   # The MoE expert GEMMs on every preset's balanced rows (the MoE benchmark's floor) and the
   # backward's dgrads and weight gradients.
   [ "${GROUPED:-0}" = 1 ] && timeout $(( $(left) - 10 )) "$build/gemm_bench" bench-grouped 2>&1 | tee "$OUT/grouped.log"
-  # The ring's depth: the grouped GEMMs at 3 stages against 4 with chunked staging.
-  [ "${STAGES:-0}" = 1 ] && timeout $(( $(left) - 10 )) "$build/gemm_bench" bench-stages 2>&1 | tee "$OUT/stages.log"
   [ "$shapes" = none ] && exit $check_rc
   # Paper shapes in engine terms (C[M,N], contraction K); quick = MBS1 and MBS2 only.
   if [ "$shapes" = quick ]; then grep -E "MBS[12] " $src/paper_shapes.txt; else cat $src/paper_shapes.txt; fi > "$build/shapes.txt"

@@ -38,8 +38,6 @@ inline cudaError_t sm90(kosmos::gemm::Layout l, Tile t, bool fp32_out, const kos
 int check_grouped(cudaStream_t s);
 // Times them on every MoE preset's balanced rows: the MoE benchmark's floor (grouped.cu).
 int bench_grouped(cudaStream_t s);
-// The ring's depth: the grouped GEMM at 3 stages against 4 with chunked staging (grouped.cu).
-int bench_grouped_stages(cudaStream_t s);
 // The backward's grouped GEMMs (dgrad, wgrad) on both schedules (grouped_bwd.cu): check, benchmark.
 int check_grouped_bwd(cudaStream_t s);
 int bench_grouped_bwd(cudaStream_t s);

@@ -16,27 +16,19 @@ namespace bench {
 namespace {
 
 using GroupedCfg = kosmos::sm90::TileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;  // ops.matmul's 128x256
-// The same tile with a fourth ring stage, its output staged box by box (two 16 KB slots:
-// chunked staging), at 3 stages chunked (what the chunks alone cost), and at 4 stages with
-// one slot (16 KB: what leaves room beside the ring for the MoE megakernels' layout copy).
-using Grouped4Cfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 4>;
-using Grouped3cCfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 3>;
-using Grouped4s1Cfg = kosmos::sm90::ChunkedTileConfig<kosmos::gemm::Layout::TN, 128, 256, 4, 1>;
 
 struct GroupedCase {
   std::vector<int> rows;  // real rows per expert (each padded to 128)
   int N, K, grid;
 };
 
-template <class Cfg>
 Guarded run_grouped(const __nv_bfloat16* a, const __nv_bfloat16* b, const int* tile_expert, int M, int N, int K, int E,
                     int grid, cudaStream_t s) {
   return poisoned_run((size_t)M * N * 2, s, [&](void* c) {
-    return kosmos::moe::grouped_gemm_launch<Cfg>(a, b, c, tile_expert, M, N, K, E, grid, s);
+    return kosmos::moe::grouped_gemm_launch<GroupedCfg>(a, b, c, tile_expert, M, N, K, E, grid, s);
   });
 }
 
-template <class Cfg>
 bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
   const int E = (int)gc.rows.size(), N = gc.N, K = gc.K;
   std::vector<int> start(E + 1, 0), tile_expert;
@@ -64,10 +56,9 @@ bool check_one(const GroupedCase& gc, uint64_t seed, cudaStream_t s) {
                                             start[e + 1] - start[e], N, K},
                       0, s));
   char label[160];
-  snprintf(label, sizeof label, "grouped TN 128x256x%d E=%3d M=%6d N=%5d K=%5d grid=%4d", Cfg::kStages, E, M, N, K,
-           gc.grid);
-  const bool pass = check_grouped_output([&] { return run_grouped<Cfg>(a, b, te, M, N, K, E, gc.grid, s); }, ref,
-                                         (size_t)M * N, label, s);
+  snprintf(label, sizeof label, "grouped TN 128x256 E=%3d M=%6d N=%5d K=%5d grid=%4d", E, M, N, K, gc.grid);
+  const bool pass =
+      check_grouped_output([&] { return run_grouped(a, b, te, M, N, K, E, gc.grid, s); }, ref, (size_t)M * N, label, s);
   CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(ref)); CK(cudaFree(te));
   return pass;
 }
@@ -204,11 +195,8 @@ int check_grouped(cudaStream_t s) {
       {{128, 256}, 640, 64, 2},                 // one k-block a tile, two CTAs
   };
   int fails = 0;
-  for (const auto& c : cases) fails += !check_one<GroupedCfg>(c, ++seed, s);
-  for (const auto& c : cases) fails += !check_one<Grouped4Cfg>(c, ++seed, s);
-  for (const auto& c : cases) fails += !check_one<Grouped3cCfg>(c, ++seed, s);
-  for (const auto& c : cases) fails += !check_one<Grouped4s1Cfg>(c, ++seed, s);
-  printf("check grouped: %zu cases x 4 configurations, %d failed\n", cases.size(), fails);
+  for (const auto& c : cases) fails += !check_one(c, ++seed, s);
+  printf("check grouped: %zu cases, %d failed\n", cases.size(), fails);
   const std::vector<SwigluCase> swiglu = {
       {{300, 0, 1, 128, 77}, 256, 512},  // an empty expert, a one-row expert
       {{1, 0, 300, 77}, 768, 2048},      // Qwen3-30B-A3B's H and I
@@ -277,67 +265,6 @@ int bench_grouped(cudaStream_t s) {
     fflush(stdout);
   }
   return 0;
-}
-
-// The ring's depth: each preset's plain grouped GEMM1 (no SwiGLU) and GEMM2 at
-// 3 stages (the whole tile staged), 3 chunked, 4 chunked and 4 chunked with one
-// slot, interleaved a, b, c, d, d, c, b, a on the same inputs; ms are each
-// configuration's two medians' mean.
-int bench_grouped_stages(cudaStream_t s) {
-  struct Shape {
-    const char* name;
-    int E, per, N, K;
-  };
-  const Shape shapes[] = {
-      {"Qwen3-30B-A3B GEMM1", 128, 512, 1536, 2048},  {"Qwen3-30B-A3B GEMM2", 128, 512, 2048, 768},
-      {"Qwen3-235B-A22B GEMM1", 128, 512, 3072, 4096}, {"Qwen3-235B-A22B GEMM2", 128, 512, 4096, 1536},
-      {"DeepSeek-V3 GEMM1", 256, 256, 4096, 7168},     {"DeepSeek-V3 GEMM2", 256, 256, 7168, 2048},
-      {"Llama4-Scout GEMM1", 16, 512, 16384, 5120},    {"Llama4-Scout GEMM2", 16, 512, 5120, 8192},
-      {"Llama4-Maverick GEMM2", 128, 128, 5120, 8192}, {"dense 8192^3", 1, 8192, 8192, 8192},
-      {"DeepSeek-V3 shared GEMM1", 1, 8192, 4096, 7168}};
-  using kosmos::moe::grouped_gemm_launch;  // the four configurations in the table's column order
-  const decltype(&grouped_gemm_launch<GroupedCfg>) launch[4] = {
-      &grouped_gemm_launch<GroupedCfg>, &grouped_gemm_launch<Grouped3cCfg>, &grouped_gemm_launch<Grouped4Cfg>,
-      &grouped_gemm_launch<Grouped4s1Cfg>};
-  printf("| GEMM (E x rows x N x K) | 3 stages ms / TF/s | 3 chunked ms (/ 3) | 4 chunked ms / TF/s "
-         "| 4 chunked / 3 time | 4 chunked one slot / 3 |\n");
-  printf("| --- | --- | --- | --- | --- | --- |\n");
-  double log_sum = 0;
-  int n = 0, fails = 0;
-  for (const Shape& g : shapes) {
-    const int M = g.E * g.per;
-    __nv_bfloat16 *a, *b, *c[4];
-    int* te;
-    CK(cudaMalloc(&a, (size_t)M * g.K * 2)); CK(cudaMalloc(&b, (size_t)g.E * g.K * g.N * 2));
-    for (auto& ci : c) CK(cudaMalloc(&ci, (size_t)M * g.N * 2));
-    std::vector<int> tile_expert;
-    for (int e = 0; e < g.E; ++e) tile_expert.insert(tile_expert.end(), g.per / 128, e);
-    CK(cudaMalloc(&te, tile_expert.size() * sizeof(int)));
-    CK(cudaMemcpy(te, tile_expert.data(), tile_expert.size() * sizeof(int), cudaMemcpyHostToDevice));
-    fill_random<<<1024, 256, 0, s>>>(a, (size_t)M * g.K, 21);
-    fill_random<<<1024, 256, 0, s>>>(b, (size_t)g.E * g.K * g.N, 22);
-    auto call = [&](int i) { return [&, i] { CK(launch[i](a, b, c[i], te, M, g.N, g.K, g.E, 0, s)); }; };
-    double t[4] = {0, 0, 0, 0};
-    for (int i : {0, 1, 2, 3, 3, 2, 1, 0}) t[i] += 0.5 * median_ms(s, call(i));
-    CK(cudaStreamSynchronize(s));
-    // Same tiles, same k order: every configuration's output is the same bits.
-    std::vector<uint16_t> h0((size_t)M * g.N), hi((size_t)M * g.N);
-    CK(cudaMemcpy(h0.data(), c[0], h0.size() * 2, cudaMemcpyDeviceToHost));
-    bool same = true;
-    for (int i = 1; i < 4; ++i) {
-      CK(cudaMemcpy(hi.data(), c[i], hi.size() * 2, cudaMemcpyDeviceToHost));
-      same = same && memcmp(h0.data(), hi.data(), h0.size() * 2) == 0;
-    }
-    const double flop = 2.0 * M * g.N * g.K;
-    printf("| %s (%d x %d x %d x %d) | %.3f / %.0f | %.3f (%.3f) | %.3f / %.0f | %.3f | %.3f%s |\n", g.name, g.E,
-           g.per, g.N, g.K, t[0], flop / t[0] * 1e-9, t[1], t[1] / t[0], t[2], flop / t[2] * 1e-9, t[2] / t[0],
-           t[3] / t[0], same ? "" : " (OUTPUTS DIFFER)");
-    fflush(stdout);
-    log_sum += std::log(t[2] / t[0]), ++n, fails += !same;
-    CK(cudaFree(a)); CK(cudaFree(b)); for (auto& ci : c) CK(cudaFree(ci)); CK(cudaFree(te));
-  }
-  printf("geomean 4 chunked / 3 time: %.3f; %d shapes with differing outputs\n", std::exp(log_sum / n), fails);
-  return fails ? 1 : 0;
 }
 
 }  // namespace bench

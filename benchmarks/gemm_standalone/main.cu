@@ -158,13 +158,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && !strcmp(argv[1], "check"))
     rc = (bench::check_all(h, s) + bench::check_grouped(s) + bench::check_grouped_bwd(s)) ? 1 : 0;
   else if (argc >= 2 && !strcmp(argv[1], "bench-grouped")) rc = bench::bench_grouped(s) + bench::bench_grouped_bwd(s);
-  else if (argc >= 2 && !strcmp(argv[1], "bench-stages")) rc = bench::bench_grouped_stages(s);
   else if (argc >= 3 && !strcmp(argv[1], "bench"))
     rc = bench_file(argv[2], h, s, argc >= 4 && !strcmp(argv[3], "all-tiles"));
-  else {
-    fprintf(stderr, "usage: %s check | bench SHAPES_FILE [all-tiles] | bench-grouped | bench-stages\n", argv[0]);
-    rc = 2;
-  }
+  else { fprintf(stderr, "usage: %s check | bench SHAPES_FILE [all-tiles] | bench-grouped\n", argv[0]); rc = 2; }
   cublasDestroy(h);
   return rc;
 }

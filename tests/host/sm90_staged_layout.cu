@@ -7,9 +7,8 @@
 // check covers where a TMA load lands); and the split-B hook's claim that a B
 // stage's row halves are RingBHalf stages at its base and half-way (both
 // majors), and the SwiGLU staging's that accumulator i + kBN / 4 is column
-// c + kBN / 2 of accumulator i's row; and chunked staging's box slots. Built
-// by tests/test_sm90_layout.py with nvcc (CuTe headers from nvidia-cutlass);
-// prints "ok" or the mismatches.
+// c + kBN / 2 of accumulator i's row. Built by tests/test_sm90_layout.py
+// with nvcc (CuTe headers from nvidia-cutlass); prints "ok" or the mismatches.
 #include <cstdio>
 #include <type_traits>
 
@@ -101,34 +100,10 @@ int check_halves(const char* name) {
   return bad;
 }
 
-// Chunked staging (tile_config.cuh kChunkedEpilogue, epilogue.cuh stage_box):
-// box b's stmatrix rows in slot `slot` are where stage_tile puts them in box b
-// of a whole buffer, moved to the slot, and stay inside it.
-template <class Cfg>
-int check_chunked(const char* name) {
-  static_assert(Cfg::kChunkedEpilogue && Cfg::kEpiElems * 2 == Cfg::kSlots * Cfg::kOutBoxBytes, "one-box slots");
-  int bad = 0;
-  for (int slot = 0; slot < Cfg::kSlots; ++slot)
-    for (int rw = 0; rw < Cfg::kBM; rw += 16)
-      for (int lane = 0; lane < 32; ++lane)
-        for (int q = 0; q < Cfg::kBN / 16; ++q) {
-          const int b = q / 4, u = q % 4, r = rw + lane % 16, c = 8 * (2 * q + lane / 16);
-          const long got = sm90::stmatrix_offset<Cfg, true>(
-              sm90::stmatrix_lane_offset<Cfg, true>(rw, lane) + uint32_t(slot * Cfg::kOutBoxBytes), u);
-          const long want = sm90::staged_offset<Cfg, true>(r, c) + long(slot - b) * Cfg::kOutBoxBytes;
-          if ((got != want || got < long(slot) * Cfg::kOutBoxBytes || got >= long(slot + 1) * Cfg::kOutBoxBytes) &&
-              bad++ < 8)
-            std::printf("%s chunked: slot=%d r=%d c=%d want %ld got %ld\n", name, slot, r, c, want, got);
-        }
-  return bad;
-}
-
 int main() {
   const int bad = check<sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>>("128x256") +
                   check<sm90::TileConfig<gemm::Layout::TN, 128, 192, 4>>("128x192") +
                   check<sm90::TileConfig<gemm::Layout::NN, 128, 128, 5>>("128x128") +
-                  check_chunked<sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 4>>("128x256x4 chunked") +
-                  check_chunked<sm90::ChunkedTileConfig<gemm::Layout::TN, 128, 256, 4, 1>>("128x256x4 one slot") +
                   check_halves<sm90::TileConfig<gemm::Layout::TN, 128, 256, 3>>("TN 128x256") +
                   check_halves<sm90::TileConfig<gemm::Layout::TN, 128, 128, 5>>("TN 128x128") +
                   check_halves<sm90::TileConfig<gemm::Layout::NN, 128, 256, 3>>("NN 128x256") +

@@ -160,7 +160,6 @@ CUTE_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
 template <class Cfg, class OutT, bool kBoxes, bool kAddStaged = false, class Thr, class Acc>
 CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc) {
   static_assert(std::is_same_v<OutT, gemm::bf16>, "the staged epilogue holds bf16; fp32 needs SmemEpi = false");
-  static_assert(!Cfg::kChunkedEpilogue, "a chunked buffer holds one or two boxes: stage_box");
   static_assert(decltype(size(acc))::value == Cfg::kBN / 2, "one 64xBN wgmma accumulator per consumer thread");
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
   const int rw = get<0>(coord(0)) & ~15;  // the warp's first row
@@ -189,31 +188,6 @@ CUTE_DEVICE void stage_tile(SharedStorage<Cfg>& s, const Thr& thr, const Acc& ac
         if constexpr (kAddStaged) r[j] = add_bf16x2(r[j], other[u][j]);
       }
       stmatrix_x4(stmatrix_offset<Cfg, kBoxes>(lane_at, q), r);
-    }
-  }
-}
-
-// Consumer threads, chunked staging (Cfg::kChunkedEpilogue): box `box` of the
-// tile's accumulators (columns 64 * box onward) into buffer slot `slot`, as
-// stage_tile would stage it into box `box` of a whole buffer.
-template <class Cfg, class Thr, class Acc>
-CUTE_DEVICE void stage_box(SharedStorage<Cfg>& s, const Thr& thr, const Acc& acc, int box, int slot) {
-  static_assert(Cfg::kChunkedEpilogue && decltype(size(acc))::value == Cfg::kBN / 2, "chunked staging");
-  Tensor coord = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));
-  const int rw = get<0>(coord(0)) & ~15;
-  const uint32_t lane_at = smem_u32(s.c) + stmatrix_lane_offset<Cfg, true>(rw, int(threadIdx.x % 32)) +
-                           uint32_t(slot * Cfg::kOutBoxBytes);
-  constexpr int kStepsPerBox = Cfg::kOutBoxCols / 16;
-  CUTE_UNROLL
-  for (int b = 0; b < Cfg::kBN / Cfg::kOutBoxCols; ++b) {
-    if (b != box) continue;  // box is a runtime value: the unrolled branches keep acc's indices compile-time
-    CUTE_UNROLL
-    for (int u = 0; u < kStepsPerBox; ++u) {
-      const int q = b * kStepsPerBox + u;
-      uint32_t r[4];
-      CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) r[j] = pack_bf16x2(acc(8 * q + 2 * j), acc(8 * q + 2 * j + 1));
-      stmatrix_x4(stmatrix_offset<Cfg, true>(lane_at, u), r);  // steps 0-3 of a box: its chunk pattern, box 0
     }
   }
 }

@@ -105,36 +105,6 @@ struct TileCompute {
     f.valid = false;
   }
 
-  // Consumers, chunked staging (Cfg::kChunkedEpilogue): tile t leaves box by
-  // box through the buffer's slots. With two, box j waits only for the store
-  // of box j - 2 (this tile's, or the previous tile's last two: a tile has an
-  // even number of boxes) to have read its slot, so the store of one box
-  // overlaps the staging of the next; with one, for the store of box j - 1.
-  template <class Thr, class Acc>
-  static CUTE_DEVICE void chunked_epilogue(const P& p, S& s, gemm::TileCoord t, int ctid, const Thr& thr,
-                                           const Acc& acc) {
-    static_assert(kBoxes && !Hooks::kMapsRows && !Hooks::kTileDone &&
-                      std::is_same_v<Stage, PlainStaging<Cfg, OutT, kBoxes, Hooks>>,
-                  "chunked staging: plain tiles of the problem's C only");
-    CUTE_UNROLL
-    for (int j = 0; j < Cfg::kBN / Cfg::kOutBoxCols; ++j) {
-      const int slot = Cfg::kSlots == 2 ? j % 2 : 0;
-      if (ctid == 0) {  // the slot's last store has read it
-        if constexpr (Cfg::kSlots == 2) bulk_wait_reads_but_last();
-        else bulk_wait_reads();
-      }
-      named_barrier(kConsumerBarrier, kConsumerThreads);
-      stage_box<Cfg>(s, thr, acc, j, slot);
-      smem_to_async_proxy_fence();
-      named_barrier(kConsumerBarrier, kConsumerThreads);  // the box is staged
-      if (ctid == 0) {
-        store_boxes<Cfg, Cfg::kOutBoxCols>(
-            s, StoreBox<typename P::TmaC>{&p.tma_c, p.M, p.N, t.m, t.n * Cfg::kBN + j * Cfg::kOutBoxCols}, slot);
-        bulk_commit();
-      }
-    }
-  }
-
   // Consumers: compute output tile t and store it (see epilogue.cuh). ctid is
   // the thread's index among the consumer threads.
   static CUTE_DEVICE void consume_tile(const P& p, S& s, Ring& ring, gemm::TileCoord t, Hooks& h, int ctid,
@@ -152,14 +122,7 @@ struct TileCompute {
     const int kblocks = Loads::k_blocks(p, t, h, &a_k0, &b_k0);
     mainloop(s, ring, kblocks, thr, acc, stage.in_mainloop(p, s, t, h, ctid));
     phase(gemm::TilePhase::kComputed);
-    if constexpr (Cfg::kChunkedEpilogue) {
-      if (smem_epilogue(p)) {
-        chunked_epilogue(p, s, t, ctid, thr, acc);
-        phase(gemm::TilePhase::kIssued);
-        f.t = t, f.valid = true;
-        return;
-      }
-    } else if constexpr (Cfg::kSmemEpilogue) {
+    if constexpr (Cfg::kSmemEpilogue) {
       if (smem_epilogue(p)) {
         retire<false>(s, f, ctid);
         stage.stage(p, s, t, h, ctid, thr, acc, phase);

@@ -88,7 +88,6 @@ struct TileConfig {
   // warp writes at once on disjoint banks (a 2^k-byte pitch would be 8-way).
   static constexpr int kEpiPitch = kBN + 8;
   static constexpr int kEpiElems = kSmemEpilogue ? kBM * kEpiPitch : 8;
-  static constexpr bool kChunkedEpilogue = false;  // ChunkedTileConfig
   // A tile leaving by TMA store (epilogue.cuh) is staged instead as kBN / 64
   // boxes of [kBM][64] (128 bytes a row), each in the 128-byte-swizzled layout
   // the store reads: a warp's eight rows then also land on disjoint banks, and
@@ -100,21 +99,6 @@ struct TileConfig {
   static_assert(!kSmemEpilogue || (kBN % kOutBoxCols == 0 && kBN / kOutBoxCols * kOutBoxBytes <= kEpiElems * 2),
                 "the swizzled boxes fit the staged buffer");
   static_assert(kBM % (64 * kConsumerWGs) == 0, "each consumer warp group needs whole 64-row wgmma blocks");
-};
-
-// A TileConfig whose staged buffer holds Slots_ slots of one swizzled
-// 64-column box each (16 KB a slot at 128 rows, not the whole tile's 66 KB):
-// the tile leaves box by box, a slot written again once the store Slots_ boxes
-// back has read it (tile_compute.cuh chunked_epilogue). The bytes saved make
-// room for a fourth 128x256 ring stage: 4 x 48 + 2 x 16 = 224 KB of the 227.
-template <gemm::Layout L, int BM_, int BN_, int Stages_, int Slots_ = 2>
-struct ChunkedTileConfig : TileConfig<L, BM_, BN_, Stages_> {
-  using Base = TileConfig<L, BM_, BN_, Stages_>;
-  static constexpr bool kChunkedEpilogue = true;
-  static constexpr int kSlots = Slots_;
-  static constexpr int kEpiElems = Slots_ * Base::kOutBoxBytes / 2;
-  static_assert(Slots_ == 1 || (Slots_ == 2 && (BN_ / Base::kOutBoxCols) % 2 == 0),
-                "one slot, or two and an even number of boxes a tile (box j's slot is j % 2)");
 };
 
 // The global operand as a (rows, K) tensor; rows is M for A and N for B, and
