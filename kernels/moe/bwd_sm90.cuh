@@ -103,21 +103,16 @@ __global__ void __launch_bounds__(Dg::kThreads, 1) moe_bwd_sm90_kernel(const __g
                 "the CTA and row block of moe/fwd_ops.cuh");
   static_assert(sizeof(sm90::SharedStorage<Dg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
   static_assert(moe_fold_fits_rings<sm90::SharedStorage<Dg>>(), "the fold's rows and rings fit the A and B rings");
-  static_assert(moe_dispatch_fits_rings<sm90::SharedStorage<Dg>>(kMoeThreads / 32), "the warps' dispatch rings fit the A and B rings");
-  static_assert(sm90::SharedStorage<Dg>::kLaunchBytes + sizeof(MoeLayout) + sizeof(MoeDispatchRing) * (kMoeThreads / 32) +
-                        sm90::kSmemStaticReserve <=
-                    sm90::kSmemOptIn,
-                "the engine's shared memory, the layout's copy and the dispatch rings' state fit the 227 KB");
+  static_assert(sm90::SharedStorage<Dg>::kLaunchBytes + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
+                "the engine's shared memory and the layout's copy fit the 227 KB");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
   __shared__ MoeLayout layout_copy;
-  __shared__ MoeDispatchRing dispatch[kMoeThreads / 32];
-  moe_dispatch_rings_init(dispatch, kMoeThreads / 32);
   auto& s = sm90::shared_storage<Dg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x, "moe_backward"};
   // The front's scratch is the engines' A ring: no engine runs during the front.
-  MoeBwdSm90Ops<Dg, Wg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy, dispatch}, p, smem_raw, &pass};
+  MoeBwdSm90Ops<Dg, Wg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy}, p, smem_raw, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 

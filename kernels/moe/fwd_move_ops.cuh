@@ -30,68 +30,53 @@ KOSMOS_DEVICE void MoeLocalOps::push_unit(const MoeUnit& c) {
 
 // Dispatch part m: our rows for expert m.dst * E_l + m.x from token group m.g,
 // gathered into their rows of rank m.dst's arena (our own at EP = 1; a peer's
-// heap otherwise). Input gating sends bf16(w * x), the twin's rounding of the
-// scaled row. The backward's X part (m.xrows) sends the forward's input rows
-// into the X arena the same way, scaled as the forward's arena rows were: the
-// backward's input_gating is the forward's turned over (its dY rows carry the
-// weight under output gating), so X rows carry it when the backward's dY rows
-// do not.
-KOSMOS_DEVICE MoeLocalOps::PartRows MoeLocalOps::part_rows(const MoeMove& m) {
-  const int ex = m.dst * s().e_local + m.x;
-  PartRows r;
-  moe_part_rows(s(), ends(), m, &r.begin, &r.end);
-  r.at = layout().dst[ex];
-  r.order = p().order + p().ctrl->start1[ex];
-  r.x = m.xrows ? p().x_fwd : p().x;
-  r.arena = m.xrows ? p().peer_xrows[m.dst] : m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
-  r.gated = m.xrows ? !p().input_gating : p().input_gating != 0;
-  return r;
-}
-
-// The segment's padding rows become zeros, written by the last group's part of
-// the last source with rows in it (so before the arrival that GEMM1's last row
-// block of the segment waits on): their products are then zeros, and the
-// backward's weight gradients contract whole row blocks of them.
-KOSMOS_DEVICE void MoeLocalOps::zero_padding(const MoeMove& m, const PartRows& r) {
-  if (m.g != s().groups - 1) return;
-  const int ex = m.dst * s().e_local + m.x, H = p().H;
-  const MoeSegment g = moe_segment(s(), p().ctrl->table, ex, s().rank);
-  if (g.last_src != s().rank) return;
-  const int base = r.at - g.before, padded = moe_cdiv(g.rows, s().tile_m) * s().tile_m;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int row = g.rows + warp; row < padded; row += blockDim.x / 32) {
-    uint4* to = reinterpret_cast<uint4*>(r.arena + (size_t)(base + row) * H);
-    for (int v = lane; v < H / 8; v += 32) to[v] = make_uint4(0, 0, 0, 0);
+// heap otherwise), a warp per row (moe_copy_row). Input gating sends
+// bf16(w * x), the twin's rounding of the scaled row. The segment's padding
+// rows become zeros, written by the last group's part of the last source with
+// rows in it (so before the arrival that GEMM1's last row block of the segment
+// waits on): their products are then zeros, and the backward's weight
+// gradients contract whole row blocks of them. The backward's X part (m.xrows)
+// sends the forward's input rows into the X arena the same way, scaled as the
+// forward's arena rows were: the backward's input_gating is the forward's
+// turned over (its dY rows carry the weight under output gating), so X rows
+// carry it when the backward's dY rows do not.
+KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
+  const TraceSpan span;
+  const int ex = m.dst * s().e_local + m.x, k = s().top_k, H = p().H;
+  int begin, end;
+  moe_part_rows(s(), ends(), m, &begin, &end);
+  const int at = layout().dst[ex], start = p().ctrl->start1[ex];
+  bf16_t* arena = m.xrows ? p().peer_xrows[m.dst] : m.dst == s().rank ? p().arena : p().peer_arena[m.dst];
+  const bf16_t* x = m.xrows ? p().x_fwd : p().x;
+  const bool gated = m.xrows ? !p().input_gating : p().input_gating != 0;
+  // A row's source is known only from order[], a load before the row's own: the
+  // warp loads the pair two rows ahead and L2-prefetches the row one ahead (a
+  // bulk prefetch, no registers), so neither latency is paid in series per row.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = blockDim.x / 32;
+  const int* order = p().order + start;
+  const int r0 = begin + warp;
+  int q = r0 < end ? order[r0] : 0, qn = r0 + W < end ? order[r0 + W] : -1;
+  for (int r = r0; r < end; r += W) {
+    if (qn >= 0 && lane == 0) l2_prefetch(x + (size_t)(qn / k) * H, H * 2);
+    const int qnn = r + 2 * W < end ? order[r + 2 * W] : -1;
+    const uint4* from = reinterpret_cast<const uint4*>(x + (size_t)(q / k) * H);
+    uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(at + r) * H);
+    moe_copy_row(from, to, H / 8, lane, gated, gated ? p().weights[q] : 1.f);
+    q = qn, qn = qnn;
   }
-}
-
-KOSMOS_DEVICE void MoeLocalOps::close_part(const MoeMove& m, const TraceSpan& span) {
+  if (m.g == s().groups - 1) {
+    const MoeSegment g = moe_segment(s(), p().ctrl->table, ex, s().rank);
+    if (g.last_src == s().rank) {
+      const int base = at - g.before, padded = moe_cdiv(g.rows, s().tile_m) * s().tile_m;
+      for (int r = g.rows + warp; r < padded; r += blockDim.x / 32) {
+        uint4* to = reinterpret_cast<uint4*>(arena + (size_t)(base + r) * H);
+        for (int v = lane; v < H / 8; v += 32) to[v] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
   __syncthreads();
   if (threadIdx.x == 0)
     span.close(p().trace, ctl.cta, kTraceMove, ((m.xrows * s().e_local + m.x) * s().groups + m.g) * s().ep + m.dst);
-}
-
-// Part m a warp per row (moe_copy_row). A row's source is known only from
-// order[], a load before the row's own: the warp loads the pair two rows ahead
-// and L2-prefetches the row one ahead (a bulk prefetch, no registers), so
-// neither latency is paid in series per row.
-KOSMOS_DEVICE void MoeLocalOps::push_part(const MoeMove& m) {
-  const TraceSpan span;
-  const PartRows rs = part_rows(m);
-  const int k = s().top_k, H = p().H;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = blockDim.x / 32;
-  const int r0 = rs.begin + warp, end = rs.end;
-  int q = r0 < end ? rs.order[r0] : 0, qn = r0 + W < end ? rs.order[r0 + W] : -1;
-  for (int r = r0; r < end; r += W) {
-    if (qn >= 0 && lane == 0) l2_prefetch(rs.x + (size_t)(qn / k) * H, H * 2);
-    const int qnn = r + 2 * W < end ? rs.order[r + 2 * W] : -1;
-    const uint4* from = reinterpret_cast<const uint4*>(rs.x + (size_t)(q / k) * H);
-    uint4* to = reinterpret_cast<uint4*>(rs.arena + (size_t)(rs.at + r) * H);
-    moe_copy_row(from, to, H / 8, lane, rs.gated, rs.gated ? p().weights[q] : 1.f);
-    q = qn, qn = qnn;
-  }
-  zero_padding(m, rs);
-  close_part(m, span);
 }
 
 // Fold item: tokens [first, last), each warp its share (moe_fold_warp): a

@@ -142,18 +142,7 @@ struct MoeLocalOps {
   template <bool kPeers = true>
   KOSMOS_DEVICE void build_layout();
   KOSMOS_DEVICE void build_layout_ep();
-  // The row traffic (moe/fwd_move_ops.cuh). A dispatch part's rows: [begin,
-  // end) of its source-order positions, row r going to arena row at + r.
-  struct PartRows {
-    int begin, end, at;
-    const int* order;    // pair ids of the expert's rows, source order
-    const bf16_t* x;     // [t, H] source rows
-    bf16_t* arena;       // [R, H] ours, a peer's, or an X arena
-    bool gated;          // rows leave as bf16(w * x), w = weights[pair]
-  };
-  KOSMOS_DEVICE PartRows part_rows(const MoeMove& m);
-  KOSMOS_DEVICE void zero_padding(const MoeMove& m, const PartRows& r);
-  KOSMOS_DEVICE void close_part(const MoeMove& m, const TraceSpan& span);
+  // The row traffic (moe/fwd_move_ops.cuh).
   KOSMOS_DEVICE void push_part(const MoeMove& m);
   KOSMOS_DEVICE void push_unit(const MoeUnit& c);
   // kStages: the fold's ring depth per warp (moe_fold_warp), as the kernel's

@@ -139,21 +139,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_fwd_sm90_kernel(const __
   static_assert(Cfg::kThreads == kMoeThreads && Cfg::kBM == kMoeTileRows, "the CTA and row block of moe/fwd_ops.cuh");
   static_assert(sizeof(sm90::SharedStorage<Cfg>::a) >= kMoeScratchInts * sizeof(int), "the front's scratch fits the A ring");
   static_assert(moe_fold_fits_rings<sm90::SharedStorage<Cfg>>(), "the fold's rows and rings fit the A and B rings");
-  static_assert(moe_dispatch_fits_rings<sm90::SharedStorage<Cfg>>(kMoeThreads / 32), "the warps' dispatch rings fit the A and B rings");
-  static_assert(sm90::SharedStorage<Cfg>::kLaunchBytes + sizeof(MoeLayout) + sizeof(MoeDispatchRing) * (kMoeThreads / 32) +
-                        sm90::kSmemStaticReserve <=
-                    sm90::kSmemOptIn,
-                "the engine's shared memory, the layout's copy and the dispatch rings' state fit the 227 KB");
+  static_assert(sm90::SharedStorage<Cfg>::kLaunchBytes + sizeof(MoeLayout) + sm90::kSmemStaticReserve <= sm90::kSmemOptIn,
+                "the engine's shared memory and the layout's copy fit the 227 KB");
   extern __shared__ char smem_raw[];
   __shared__ int bc;
   __shared__ MoePass pass;
   __shared__ MoeLayout layout_copy;
-  __shared__ MoeDispatchRing dispatch[kMoeThreads / 32];
-  moe_dispatch_rings_init(dispatch, kMoeThreads / 32);
   auto& s = sm90::shared_storage<Cfg>(smem_raw);
   const MoeCtl ctl{&p.m, launch_epoch(&p.m.ctrl->epoch), (int)blockIdx.x};
   // The front's scratch is the engine's A ring: no engine runs during the front.
-  MoeSm90Ops<Cfg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy, dispatch}, p, s, &pass};
+  MoeSm90Ops<Cfg, kPeers> ops{{{ctl, &bc, reinterpret_cast<int*>(s.a)}, &layout_copy}, p, s, &pass};
   moe_fwd_cta(ops, p.m.s, (int)blockIdx.x, (int)gridDim.x, p.m.movers, p.m.switching != 0);
 }
 

@@ -57,10 +57,6 @@ KINDS = {
                           aux_loss_coeff=0.01, shared_expert_intermediate=128),
     "llama4": MoEConfig(num_experts=8, top_k=1, hidden=256, expert_intermediate=256, score="sigmoid",
                         gating="input", shared_expert_intermediate=256),
-    # Rows of 5120 bytes: the Hopper dispatch's bulk copies take them in two
-    # whole 2048-byte chunks and a partial one (moe/dispatch_sm90.cuh).
-    "wide": MoEConfig(num_experts=8, top_k=2, hidden=2560, expert_intermediate=256, score="softmax",
-                      norm_topk_prob=True),
 }
 
 

@@ -30,8 +30,7 @@ KOSMOS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::
 // their source may be overwritten. Their global writes may still be in flight.
 KOSMOS_DEVICE void bulk_wait_reads() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
-// The same, but for the most recent group: all older ones have read theirs
-// (a ring whose next slot was read by an older store: moe/dispatch_sm90.cuh).
+// The same, but for the most recent group: all older ones have read theirs.
 KOSMOS_DEVICE void bulk_wait_reads_but_last() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
 
 // Waits until this thread's bulk groups have completed their global writes,
