@@ -30,9 +30,6 @@ KOSMOS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::
 // their source may be overwritten. Their global writes may still be in flight.
 KOSMOS_DEVICE void bulk_wait_reads() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
-// The same, but for the most recent group: all older ones have read theirs.
-KOSMOS_DEVICE void bulk_wait_reads_but_last() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
-
 // Waits until this thread's bulk groups have completed their global writes,
 // then orders those async-proxy writes before this thread's later generic
 // accesses (a release that publishes them must come after this).
