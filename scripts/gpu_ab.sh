@@ -142,7 +142,8 @@ do_moe() {
   local preset t
   for preset in $(echo "${MOE_PRESETS:-qwen3-30b-a3b,deepseek-v3}" | tr , ' '); do
     for t in ref new; do
-      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || break 2
+      # An A/B needs both trees: say so when the budget ends it half-way.
+      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || { echo "moe $preset ($t) and later skipped: $(( BUDGET_S - SECONDS )) s of BUDGET_S left"; break 2; }
       in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --presets "$preset" --routing balanced \
         --arms "${MOE_ARMS:-fused,train_fused}" --no-append --reps 3 --settle-s 0.3 --out-dir "$OUT/ab_$t" \
         --tag "_$preset" > "$OUT/moe_${preset}_$t.log" 2>&1
@@ -184,7 +185,7 @@ do_timeline() {
   local preset t
   for preset in $(echo "${TIMELINE:-deepseek-v3}" | tr , ' '); do
     for t in ref_trace new_trace; do
-      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || break 2
+      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || { echo "timeline $preset (${t%_trace}) and later skipped: $(( BUDGET_S - SECONDS )) s of BUDGET_S left"; break 2; }
       mkdir -p "$OUT/tl_${t%_trace}"  # the PNGs (moe.py copies them into its OUT); the JSON stays in /tmp
       OUT="$OUT/tl_${t%_trace}" in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --timeline "$preset" \
         --routing balanced ${TIMELINE_ARGS:-} --out-dir "/tmp/tl_$t" > "$OUT/timeline_${preset}_${t%_trace}.log" 2>&1
