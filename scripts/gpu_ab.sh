@@ -138,12 +138,19 @@ for arm in ("kosmos", "xla_cublas"):
 EOF
 }
 
+# Whether more than 30 s of BUDGET_S are left for $1; if not, says so: an A/B
+# needs both trees, and one the budget ends half-way must not pass unnoticed.
+have_budget() {
+  [ $(( BUDGET_S - SECONDS )) -gt 30 ] && return 0
+  echo "$1 and later skipped: $(( BUDGET_S - SECONDS )) s of BUDGET_S left"
+  return 1
+}
+
 do_moe() {
   local preset t
   for preset in $(echo "${MOE_PRESETS:-qwen3-30b-a3b,deepseek-v3}" | tr , ' '); do
     for t in ref new; do
-      # An A/B needs both trees: say so when the budget ends it half-way.
-      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || { echo "moe $preset ($t) and later skipped: $(( BUDGET_S - SECONDS )) s of BUDGET_S left"; break 2; }
+      have_budget "moe $preset ($t)" || break 2
       in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --presets "$preset" --routing balanced \
         --arms "${MOE_ARMS:-fused,train_fused}" --no-append --reps 3 --settle-s 0.3 --out-dir "$OUT/ab_$t" \
         --tag "_$preset" > "$OUT/moe_${preset}_$t.log" 2>&1
@@ -185,7 +192,7 @@ do_timeline() {
   local preset t
   for preset in $(echo "${TIMELINE:-deepseek-v3}" | tr , ' '); do
     for t in ref_trace new_trace; do
-      [ $(( BUDGET_S - SECONDS )) -gt 30 ] || { echo "timeline $preset (${t%_trace}) and later skipped: $(( BUDGET_S - SECONDS )) s of BUDGET_S left"; break 2; }
+      have_budget "timeline $preset (${t%_trace})" || break 2
       mkdir -p "$OUT/tl_${t%_trace}"  # the PNGs (moe.py copies them into its OUT); the JSON stays in /tmp
       OUT="$OUT/tl_${t%_trace}" in_tree $t timeout $(( BUDGET_S - SECONDS )) $PY benchmarks/moe.py --timeline "$preset" \
         --routing balanced ${TIMELINE_ARGS:-} --out-dir "/tmp/tl_$t" > "$OUT/timeline_${preset}_${t%_trace}.log" 2>&1
@@ -203,5 +210,5 @@ case "$step" in
   moe) do_build new ref; do_moe ;;
   tests) do_build new; do_tests "$@" ;;
   timeline) do_build new_trace ref_trace; do_timeline ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,/^# Never changes/p' "$0"; exit 2 ;;
 esac
